@@ -1,0 +1,69 @@
+"""Engine configuration: frozen dataclasses, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from heddle.errors import HeddleError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"  # auto | bfloat16 | float32 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_model_len: int | None = None  # None: the model's own context length
+    num_threads: int | None = None  # torch intra-op threads on CPU; None: leave as is
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16"):
+            raise HeddleError(f"unknown dtype {self.dtype!r}: use auto, bfloat16, float32 or float16")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise HeddleError(f"unknown device {self.device!r}: use auto, cpu or cuda")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise HeddleError("max_model_len must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int | None = None  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise HeddleError("block_size must be positive")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise HeddleError("num_blocks must be positive")
+        if self.kv_cache_memory_gb <= 0:
+            raise HeddleError("kv_cache_memory_gb must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512  # token budget of one step
+    max_num_seqs: int = 64  # cap on running requests
+    policy: str = "fcfs"
+    policy_options: dict[str, object] = field(default_factory=dict)
+    max_waiting: int | None = None  # bound on the waiting queue; None: unbounded
+    # Longest prefill chunk one request may take in a step; None: the whole budget.
+    long_prefill_token_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise HeddleError("max_num_batched_tokens must be positive")
+        if self.max_num_seqs < 1:
+            raise HeddleError("max_num_seqs must be positive")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise HeddleError("max_waiting must be >= 0")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 1:
+            raise HeddleError("long_prefill_token_threshold must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    seed: int = 0

@@ -1,0 +1,1 @@
+"""Request records and the reports computed from them (bench, simulate and /metrics alike)."""

@@ -1,0 +1,157 @@
+"""A request: its token ids, how many are computed, its sampling parameters and its record.
+
+There is no prefill or decode phase. A request has `all_token_ids` (prompt + output so far)
+and `num_computed_tokens` (how many of them have K/V in the cache). Each step the scheduler
+gives a request some number of tokens to compute; when the computed tokens reach the end of
+`all_token_ids`, the step also samples the next token.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from heddle.errors import InvalidRequestError
+from heddle.metrics.record import RequestRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Shaped like vLLM's SamplingParams."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the context length
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n logprobs per generated token; None: none
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.n < 1:
+            raise InvalidRequestError(f"n must be at least 1, got {self.n}", "n")
+        if self.temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be non-negative, got {self.temperature}", "temperature"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}", "top_k")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequestError(
+                f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens"
+            )
+        if self.min_tokens < 0:
+            raise InvalidRequestError("min_tokens must be >= 0", "min_tokens")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise InvalidRequestError("logprobs must be >= 0", "logprobs")
+        if any(s == "" for s in self.stop):
+            raise InvalidRequestError("stop strings must not be empty", "stop")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again after its blocks were taken; will recompute
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token id, or a stop string
+    LENGTH = "length"  # max_tokens or the context length
+    ABORT = "abort"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """The scheduler's state for one sequence. Only the scheduler and engine mutate it."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    eos_token_id: int | None = None
+    max_model_len: int | None = None
+    priority: int = 0  # lower is more urgent, as in vLLM
+    user: str | None = None
+    request_class: str = "default"
+    # Optional hints for policies: TTFT/TPOT targets (seconds), predicted output length.
+    ttft_slo: float | None = None
+    tpot_slo: float | None = None
+    output_len_hint: int | None = None
+    # Requests of one `n>1` group share their prompt's blocks through the prefix cache;
+    # a child waits until its parent has computed the prompt.
+    parent_request_id: str | None = None
+    # Simulated requests carry their true output length: they emit EOS there.
+    true_output_len: int | None = None
+
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    record: RequestRecord = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise InvalidRequestError("the prompt must contain at least one token", "prompt")
+        self.all_token_ids = list(self.prompt_token_ids)
+        self.record = RequestRecord(
+            request_id=self.request_id,
+            arrival_time=self.arrival_time,
+            num_prompt_tokens=len(self.prompt_token_ids),
+            request_class=self.request_class,
+            user=self.user,
+        )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    @property
+    def max_output_tokens(self) -> int:
+        """The output length at which the request stops for length."""
+        limits = []
+        if self.sampling_params.max_tokens is not None:
+            limits.append(self.sampling_params.max_tokens)
+        if self.max_model_len is not None:
+            limits.append(self.max_model_len - self.num_prompt_tokens)
+        return min(limits) if limits else 1 << 62
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
