@@ -1,0 +1,137 @@
+"""One request of a workload: when it arrives, how long its prompt is, how much it generates."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from heddle.errors import HeddleError
+
+# Synthetic prompts draw ids from [DEFAULT_LOW_ID, vocab_size): the low ids of most tokenizers
+# are special tokens (BOS, EOS, chat-template markers) that would end or confuse a sequence.
+DEFAULT_LOW_ID = 100
+
+
+def synthetic_prompt_ids(
+    prompt_len: int,
+    vocab_size: int,
+    seed: int | str,
+    low: int = DEFAULT_LOW_ID,
+    high: int | None = None,
+) -> tuple[int, ...]:
+    """`prompt_len` token ids drawn uniformly from [low, high) (high defaults to vocab_size).
+
+    The same seed gives the same ids on every run and machine; different seeds give prompts that
+    share no prefix beyond chance, so the prefix cache only hits where a workload means it to.
+    """
+    high = vocab_size if high is None else min(high, vocab_size)
+    if prompt_len < 0:
+        raise HeddleError(f"prompt_len must be >= 0, got {prompt_len}")
+    if not 0 <= low < high:
+        raise HeddleError(
+            f"cannot draw token ids from [{low}, {high}) with vocab_size {vocab_size}: "
+            "pass a smaller `low`"
+        )
+    rng = random.Random(seed)
+    return tuple(rng.choices(range(low, high), k=prompt_len))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    """A request as a workload describes it; the engine or load client turns it into a real one.
+
+    `output_len` is the true output length: the load client sends max_tokens=output_len with
+    ignore_eos, and the simulator emits EOS there. `prompt_token_ids` is set when the ids are
+    known (agent calls that extend a previous context, traces that carry ids); otherwise
+    `prompt_ids()` synthesizes them from `prompt_seed`.
+    """
+
+    request_id: str
+    arrival_time: float  # seconds from the start of the run
+    prompt_len: int
+    output_len: int
+    request_class: str = "default"
+    user: str | None = None
+    priority: int = 0  # lower is more urgent, as in vLLM
+    ttft_slo: float | None = None  # seconds
+    tpot_slo: float | None = None  # seconds
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_seed: int | str = 0
+    # Agent workloads: the program this call belongs to and its position in it.
+    program_id: str | None = None
+    call_index: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_ids is not None:
+            if not isinstance(self.prompt_token_ids, tuple):
+                object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+            if len(self.prompt_token_ids) != self.prompt_len:
+                raise HeddleError(
+                    f"request {self.request_id}: prompt_len {self.prompt_len} does not match "
+                    f"{len(self.prompt_token_ids)} prompt_token_ids"
+                )
+        if self.prompt_len < 1:
+            raise HeddleError(f"request {self.request_id}: prompt_len must be >= 1")
+        if self.output_len < 1:
+            raise HeddleError(f"request {self.request_id}: output_len must be >= 1")
+        if not (math.isfinite(self.arrival_time) and self.arrival_time >= 0):
+            raise HeddleError(
+                f"request {self.request_id}: arrival_time must be finite and >= 0, "
+                f"got {self.arrival_time}"
+            )
+        for name in ("ttft_slo", "tpot_slo"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise HeddleError(f"request {self.request_id}: {name} must be positive")
+
+    def prompt_ids(
+        self, vocab_size: int, low: int = DEFAULT_LOW_ID, high: int | None = None
+    ) -> tuple[int, ...]:
+        """The prompt's token ids: the explicit ones, or ids synthesized from `prompt_seed`."""
+        if self.prompt_token_ids is not None:
+            return self.prompt_token_ids
+        return synthetic_prompt_ids(self.prompt_len, vocab_size, self.prompt_seed, low, high)
+
+    def with_arrival(self, arrival_time: float) -> WorkloadRequest:
+        return replace(self, arrival_time=arrival_time)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; fields left at their defaults are omitted to keep traces short."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key in _ALWAYS or value != _DEFAULTS.get(key):
+                out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], default_id: str = "") -> WorkloadRequest:
+        """Inverse of `to_dict`; `request_id` may be missing (then `default_id` is used)."""
+        unknown = set(data) - set(_FIELDS)
+        if unknown:
+            raise HeddleError(
+                f"unknown request field(s) {sorted(unknown)}; known: {', '.join(_FIELDS)}"
+            )
+        missing = [k for k in ("arrival_time", "prompt_len", "output_len") if k not in data]
+        ids: Sequence[int] | None = data.get("prompt_token_ids")
+        if ids is not None and "prompt_len" in missing:
+            missing.remove("prompt_len")
+        if missing:
+            raise HeddleError(f"request {default_id or '?'} lacks field(s) {missing}")
+        kwargs = dict(data)
+        kwargs.setdefault("request_id", default_id)
+        kwargs["request_id"] = str(kwargs["request_id"])
+        if ids is not None:
+            kwargs["prompt_token_ids"] = tuple(int(i) for i in ids)
+            kwargs.setdefault("prompt_len", len(ids))
+        kwargs["arrival_time"] = float(kwargs["arrival_time"])
+        kwargs["prompt_len"] = int(kwargs["prompt_len"])
+        kwargs["output_len"] = int(kwargs["output_len"])
+        return cls(**kwargs)
+
+
+_FIELDS = tuple(WorkloadRequest.__dataclass_fields__)
+_ALWAYS = ("request_id", "arrival_time", "prompt_len", "output_len")
+_DEFAULTS = {name: f.default for name, f in WorkloadRequest.__dataclass_fields__.items()}
