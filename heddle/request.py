@@ -100,6 +100,8 @@ class Request:
     parent_request_id: str | None = None
     # Simulated requests carry their true output length: they emit EOS there.
     true_output_len: int | None = None
+    # Admission order, set by the scheduler: breaks ties between equal arrival times.
+    seq: int = 0
 
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)

@@ -55,11 +55,15 @@ class SchedulerOutput:
     @property
     def num_prefill_tokens(self) -> int:
         """Tokens computed without sampling, plus all but the last of sampling chunks."""
-        return sum(len(s.token_ids) for s in self.scheduled if s.start_position < s.num_prompt_tokens)
+        return sum(
+            len(s.token_ids) for s in self.scheduled if s.start_position < s.num_prompt_tokens
+        )
 
     @property
     def num_decode_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.scheduled if s.start_position >= s.num_prompt_tokens)
+        return sum(
+            len(s.token_ids) for s in self.scheduled if s.start_position >= s.num_prompt_tokens
+        )
 
     @property
     def is_empty(self) -> bool:

@@ -1,0 +1,96 @@
+"""The policy interface: the decisions a scheduler delegates.
+
+The scheduler owns the mechanism (token budget, block allocation, chunking, preemption by
+recompute). A policy decides:
+- the order in which running and waiting requests are served (`order_running`, `order_waiting`),
+- whether a waiting request may be admitted now (`admit`),
+- which request gives up its blocks when memory runs out (`choose_victim`), and whether a
+  waiting request may take the place of a running one (`should_preempt_for`),
+- how large this step is and what share of it each lane may take (`step_limits`, `lane_of`).
+Hooks (`on_step_end`, `on_finished`) let a policy learn from what ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from heddle.core.outputs import SchedulerOutput
+    from heddle.request import Request
+
+DEFAULT_LANE = "default"
+
+
+@dataclass(slots=True)
+class StepLimits:
+    """The size of one step. `lane_budgets` caps the tokens each lane may take (absent: no cap)."""
+
+    token_budget: int
+    max_num_seqs: int
+    lane_budgets: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SchedulerView:
+    """What a policy may see of the scheduler at the start of a step (read-only by convention)."""
+
+    now: float
+    running: Sequence[Request]
+    waiting: Sequence[Request]
+    token_budget: int  # the configured budget
+    max_num_seqs: int  # the configured cap
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+
+
+class Policy:
+    """FCFS-shaped defaults; subclasses override only the decisions they change."""
+
+    name = "base"
+    # Simulator-only policies (e.g. `oracle`) read a request's true output length.
+    needs_true_output_len = False
+
+    def __init__(self, **options: object) -> None:
+        if options:
+            raise ValueError(f"policy {self.name!r} takes no options {sorted(options)}")
+
+    # -- order ------------------------------------------------------------------------------
+    def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
+        """Smaller serves first and is preempted last. Default: arrival order."""
+        return (request.arrival_time, request.seq)
+
+    def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
+        return sorted(running, key=lambda r: self.sort_key(r, now))
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        return sorted(waiting, key=lambda r: self.sort_key(r, now))
+
+    # -- admission and preemption -----------------------------------------------------------
+    def admit(self, request: Request, view: SchedulerView, num_admitted: int) -> bool:
+        """May `request` start now? `num_admitted` were admitted earlier in this step."""
+        return True
+
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        """The request to preempt when blocks run out: by default the one served last."""
+        return max(candidates, key=lambda r: self.sort_key(r, now))
+
+    def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
+        """May waiting `request` evict running `victim` to get a seat or blocks? Default no."""
+        return False
+
+    # -- step shape -------------------------------------------------------------------------
+    def step_limits(self, view: SchedulerView) -> StepLimits:
+        return StepLimits(view.token_budget, view.max_num_seqs)
+
+    def lane_of(self, request: Request) -> str:
+        return DEFAULT_LANE
+
+    # -- hooks ------------------------------------------------------------------------------
+    def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
+        """Called after every step with what ran and how long it took."""
+
+    def on_finished(self, request: Request) -> None:
+        """Called once when a request finishes (for any reason)."""

@@ -1,0 +1,98 @@
+"""Small factories for scheduler and engine tests: hand-built requests and executor outputs."""
+
+from __future__ import annotations
+
+from heddle.clock import VirtualClock
+from heddle.config import EngineConfig, SchedulerConfig
+from heddle.core.kv_cache import KVCacheManager
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput
+from heddle.core.scheduler import Scheduler
+from heddle.request import Request, SamplingParams
+
+EOS = 2
+
+
+def create_scheduler(
+    num_blocks: int = 64,
+    block_size: int = 4,
+    max_num_batched_tokens: int = 32,
+    max_num_seqs: int = 8,
+    policy: str = "fcfs",
+    prefix_caching: bool = True,
+    **policy_options: object,
+) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        policy=policy,
+        policy_options=dict(policy_options),
+    )
+    kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+    return Scheduler(config, kv, VirtualClock())
+
+
+def create_request(
+    request_id: str,
+    prompt_len: int = 8,
+    max_tokens: int = 4,
+    arrival_time: float = 0.0,
+    first_token: int = 100,
+    **kwargs: object,
+) -> Request:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(range(first_token, first_token + prompt_len)),
+        sampling_params=params,
+        arrival_time=arrival_time,
+        eos_token_id=EOS,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def sample_all(
+    scheduler_output: SchedulerOutput, token: int = 7, duration: float = 0.01
+) -> ExecutorOutput:
+    """An executor output that samples `token` for every request that samples this step."""
+    return ExecutorOutput(
+        sampled_token_ids={s.request_id: [token] for s in scheduler_output.scheduled if s.sample},
+        step_duration=duration,
+    )
+
+
+class CountingExecutor:
+    """A test double for the model: emits token (last position + 1) and EOS at true_output_len.
+
+    Advances a virtual clock by a fixed step time, as the simulator's executor does.
+    """
+
+    def __init__(
+        self, clock: VirtualClock, step_time: float = 0.01, vocab_size: int = 1000
+    ) -> None:
+        self.clock = clock
+        self.step_time = step_time
+        self.vocab_size = vocab_size
+        self.outputs: list[SchedulerOutput] = []
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        self.outputs.append(scheduler_output)
+        self.clock.advance(self.step_time)
+        sampled = {}
+        for s in scheduler_output.scheduled:
+            if not s.sample:
+                continue
+            if s.true_output_len is not None and s.num_output_tokens + 1 >= s.true_output_len:
+                sampled[s.request_id] = [s.eos_token_id if s.eos_token_id is not None else EOS]
+            else:
+                sampled[s.request_id] = [3 + (s.context_len % (self.vocab_size - 3))]
+        return ExecutorOutput(sampled_token_ids=sampled, step_duration=self.step_time)
+
+
+def engine_config(**scheduler: object) -> EngineConfig:
+    from heddle.config import CacheConfig
+
+    block_size = int(scheduler.pop("block_size", 4))  # type: ignore[call-overload]
+    return EngineConfig(
+        cache=CacheConfig(block_size=block_size),
+        scheduler=SchedulerConfig(**scheduler),  # type: ignore[arg-type]
+    )
