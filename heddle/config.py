@@ -17,7 +17,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16"):
-            raise HeddleError(f"unknown dtype {self.dtype!r}: use auto, bfloat16, float32 or float16")
+            raise HeddleError(
+                f"unknown dtype {self.dtype!r}: use auto, bfloat16, float32 or float16"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise HeddleError(f"unknown device {self.device!r}: use auto, cpu or cuda")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -51,7 +51,7 @@ def test_all_requests_finish_with_their_lengths_and_no_block_leaks():
 
 
 def test_records_have_consistent_times():
-    engine, _, clock = make_engine()
+    engine, _, _ = make_engine()
     engine.add_request("a", [5] * 10, SamplingParams(max_tokens=5, ignore_eos=True))
     engine.add_request("b", [6] * 10, SamplingParams(max_tokens=3, ignore_eos=True))
     run(engine)
