@@ -34,11 +34,16 @@ def available_policies() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_policy(name: str, **options: Any) -> Policy:
+def policy_class(name: str) -> type[Policy]:
     _load_all()
     cls = _REGISTRY.get(name)
     if cls is None:
         raise HeddleError(f"unknown policy {name!r}; available: {', '.join(available_policies())}")
+    return cls
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    cls = policy_class(name)
     try:
         return cls(**options)
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,148 @@
+"""The offline API, shaped like vLLM's: `LLM(...).generate(prompts, params)` and `.chat(...)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heddle.engine.engine import Engine
+from heddle.engine.outputs import RequestOutput
+from heddle.request import SamplingParams
+
+PromptInput = str | list[int]
+Message = dict[str, str]
+
+# Keyword arguments of LLM(...) mirror the config fields.
+_MODEL_FIELDS = ("dtype", "device", "max_model_len", "num_threads")
+_CACHE_FIELDS = ("block_size", "num_blocks", "kv_cache_memory_gb", "enable_prefix_caching")
+_SCHEDULER_FIELDS = (
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "policy",
+    "policy_options",
+    "max_waiting",
+    "long_prefill_token_threshold",
+)
+
+
+def build_config(model: str | None = None, seed: int = 0, **kwargs: Any) -> EngineConfig:
+    """An EngineConfig from flat keyword arguments; unknown names are an error."""
+    known = set(_MODEL_FIELDS) | set(_CACHE_FIELDS) | set(_SCHEDULER_FIELDS)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+
+    def pick(fields: tuple[str, ...]) -> dict[str, Any]:
+        return {k: kwargs[k] for k in fields if k in kwargs and kwargs[k] is not None}
+
+    return EngineConfig(
+        model=ModelConfig(model=model, **pick(_MODEL_FIELDS)),
+        cache=CacheConfig(**pick(_CACHE_FIELDS)),
+        scheduler=SchedulerConfig(**pick(_SCHEDULER_FIELDS)),
+        seed=seed,
+    )
+
+
+class LLM:
+    """Load a model and generate from batches of prompts with continuous batching.
+
+    `LLM()` loads the embedded SmolLM2-135M-Instruct; `LLM(model=PATH, dtype=..., policy=...)`
+    loads a GGUF file or a Hugging Face model directory.
+    """
+
+    def __init__(self, model: str | None = None, *, seed: int = 0, **kwargs: Any) -> None:
+        self.config = build_config(model, seed=seed, **kwargs)
+        self.engine = Engine.from_config(self.config)
+        self._counter = itertools.count()
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs in the order of the prompts."""
+        batch = _as_batch(prompts)
+        params = _as_params(sampling_params, len(batch))
+        ids = []
+        for prompt, p in zip(batch, params, strict=True):
+            request_id = str(next(self._counter))
+            if isinstance(prompt, str):
+                token_ids = self.tokenizer.encode(prompt)
+                self.engine.add_request(request_id, token_ids, p, prompt=prompt)
+            else:
+                self.engine.add_request(request_id, list(prompt), p)
+            ids.append(request_id)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[Message] | Sequence[list[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Render conversations with the model's chat template and generate replies."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True)
+            for c in conversations  # type: ignore[union-attr]
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        wanted = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        advance: Callable[[int], None] = lambda _: None  # noqa: E731
+        progress = None
+        if use_tqdm:
+            from rich.progress import Progress
+
+            progress = Progress()
+            task = progress.add_task("generating", total=len(request_ids))
+            progress.start()
+            advance = lambda n: progress.update(task, advance=n)  # noqa: E731
+        try:
+            idle_steps = 0
+            while wanted - finished.keys():
+                outputs = self.engine.step()
+                idle_steps = 0 if outputs else idle_steps + 1
+                if idle_steps > 10_000:
+                    raise RuntimeError("the scheduler made no progress for 10,000 steps")
+                done = [o for o in outputs if o.finished and o.request_id in wanted]
+                for output in done:
+                    finished[output.request_id] = output
+                advance(len(done))
+        finally:
+            if progress is not None:
+                progress.stop()
+        return [finished[i] for i in request_ids]
+
+
+def _as_batch(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [list(items)]  # type: ignore[arg-type]
+    return items  # type: ignore[return-value]
+
+
+def _as_params(
+    params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * count
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"{len(params)} sampling params for {count} prompts")
+    return params
