@@ -138,7 +138,9 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self._tables: dict[str, list[KVBlock]] = {}
+        # Per request, the ids of its blocks in position order. The scheduler hands these lists
+        # to the executor as block tables without copying: nobody else may mutate them.
+        self._tables: dict[str, list[int]] = {}
         # Chained hashes of each request's full blocks that are registered (or found) in the cache.
         self._hashes: dict[str, list[int]] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
@@ -223,9 +225,9 @@ class KVCacheManager:
             self._hashes[request_id] = list(cached_hashes)
         for block in cached_blocks:
             self.pool.acquire(block)
-            table.append(block)
+            table.append(block.block_id)
         if need > 0:
-            table.extend(self.pool.allocate(need))
+            table.extend(b.block_id for b in self.pool.allocate(need))
         return True
 
     def commit_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
@@ -240,14 +242,15 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)
-            self.pool.register(table[i], parent)
+            self.pool.register(self.pool.blocks[table[i]], parent)
 
     def free(self, request_id: str) -> None:
         """Release every block of the request. Cached blocks stay findable until evicted."""
         table = self._tables.pop(request_id, None)
         self._hashes.pop(request_id, None)
         if table:
-            self.pool.release(table)
+            blocks = self.pool.blocks
+            self.pool.release([blocks[i] for i in table])
 
     def fork(self, parent_id: str, child_id: str, num_tokens: int) -> int:
         """Give `child_id` shared references to the parent's full blocks among its first
@@ -260,8 +263,8 @@ class KVCacheManager:
         parent = self._tables[parent_id]
         num_shared = min((num_tokens - 1) // self.block_size, len(parent))
         shared = parent[:num_shared]
-        for block in shared:
-            self.pool.acquire(block)
+        for block_id in shared:
+            self.pool.acquire(self.pool.blocks[block_id])
         self._tables[child_id] = list(shared)
         self._hashes[child_id] = list(self._hashes[parent_id][:num_shared])
         return num_shared * self.block_size
@@ -271,7 +274,8 @@ class KVCacheManager:
 
     # -- queries ----------------------------------------------------------------------------
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._tables.get(request_id, ())]
+        """The request's block table (the live list: read it, never mutate it)."""
+        return self._tables.get(request_id, [])
 
     def num_request_blocks(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
@@ -284,10 +288,10 @@ class KVCacheManager:
         self.pool.check_integrity()
         holders = [0] * self.pool.num_blocks
         for request_id, table in self._tables.items():
-            if len({b.block_id for b in table}) != len(table):
+            if len(set(table)) != len(table):
                 raise AssertionError(f"request {request_id} holds a block twice")
-            for block in table:
-                holders[block.block_id] += 1
+            for block_id in table:
+                holders[block_id] += 1
         for block in self.pool.blocks:
             if block.ref_count != holders[block.block_id]:
                 raise AssertionError(

@@ -52,7 +52,7 @@ class _Group:
 
     @property
     def finished(self) -> bool:
-        return all(s.request.is_finished for s in self.sequences)
+        return all(s.request.status is RequestStatus.FINISHED for s in self.sequences)
 
 
 class Engine:
@@ -69,6 +69,7 @@ class Engine:
         vocab_size: int | None = None,
         policy: Policy | None = None,
         record_steps: bool = True,
+        final_outputs_only: bool = False,
     ) -> None:
         self.config = config
         self.executor = executor
@@ -82,6 +83,8 @@ class Engine:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.clock, policy)
         self.record_steps = record_steps
+        # The simulator and batch users need only each request's last output: skip the rest.
+        self.final_outputs_only = final_outputs_only
         self.step_stats: list[StepStat] = []
         self.finished_records: list[RequestRecord] = []
         self._groups: dict[str, _Group] = {}
@@ -256,9 +259,9 @@ class Engine:
                     request.finish_reason = FinishReason.STOP
                     request.stop_reason = detokenizer.stop_hit
                     request.record.finish_reason = FinishReason.STOP.value
+            if self.final_outputs_only and not group.finished:
+                continue
             touched[group.request_id] = group
-        # Aborted or stopped elsewhere between steps still need a final output: handled by
-        # abort_request's return value.
         return [self._group_output(group) for group in touched.values()]
 
     def _group_output(self, group: _Group) -> RequestOutput:

@@ -71,6 +71,7 @@ def simulate(
         max_model_len=max_model_len,
         vocab_size=vocab_size,
         record_steps=record_steps,
+        final_outputs_only=True,
     )
     # (arrival time, order of creation, request): ties between equal times keep workload order.
     events: list[tuple[float, int, WorkloadRequest]] = [
