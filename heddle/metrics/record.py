@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -26,6 +27,9 @@ class RequestRecord:
     # The part of stall_time spent while a longer request (more context) ran in its place.
     blocked_by_longer_time: float = 0.0
     num_steps: int = 0  # steps the request took part in
+    # Per-request SLO targets (seconds); they override a report's global SLO.
+    ttft_slo: float | None = None
+    tpot_slo: float | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -59,5 +63,4 @@ class RequestRecord:
     @property
     def itls(self) -> list[float]:
         """Inter-token latencies."""
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
