@@ -1,15 +1,15 @@
 """Request records and the reports computed from them (bench, simulate and /metrics alike).
 
-The plotting functions (plot_latency_cdfs, plot_timeline, plot_sweep) live in
-heddle.metrics.plots and are imported on first use, so importing heddle.metrics stays cheap.
+Terminal output (heddle.metrics.format: rich) and plots (heddle.metrics.plots: matplotlib) are
+imported on first use: every engine imports heddle.metrics.record, which must stay cheap.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from heddle.metrics.fairness import FairnessReport, UserService, WindowService, fairness
-from heddle.metrics.format import format_summary, print_summary, summary_text
 from heddle.metrics.jsonl import (
     record_from_dict,
     record_to_dict,
@@ -32,7 +32,18 @@ from heddle.metrics.summary import (
 )
 from heddle.metrics.sweep import SweepPoint
 
-_PLOTS = ("plot_latency_cdfs", "plot_sweep", "plot_timeline")
+if TYPE_CHECKING:
+    from heddle.metrics.format import format_summary, print_summary, summary_text
+    from heddle.metrics.plots import plot_latency_cdfs, plot_sweep, plot_timeline
+
+_LAZY = {
+    "format_summary": "format",
+    "print_summary": "format",
+    "summary_text": "format",
+    "plot_latency_cdfs": "plots",
+    "plot_sweep": "plots",
+    "plot_timeline": "plots",
+}
 
 __all__ = [
     "SLO",
@@ -67,8 +78,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PLOTS:  # matplotlib is slow to import: only when a plot is asked for
-        from heddle.metrics import plots
-
-        return getattr(plots, name)
+    if name in _LAZY:
+        module = importlib.import_module(f"heddle.metrics.{_LAZY[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module 'heddle.metrics' has no attribute {name!r}")
