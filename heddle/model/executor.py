@@ -1,0 +1,153 @@
+"""ModelExecutor: runs a real forward pass and samples, one scheduler step at a time."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from heddle.config import CacheConfig, ModelConfig
+from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
+from heddle.errors import HeddleError
+from heddle.model.attention import build_attention_metadata
+from heddle.model.device import resolve_device, resolve_dtype
+from heddle.model.llama import LlamaForCausalLM
+from heddle.model.loader import load_model
+from heddle.model.sampler import Sampler, SamplingRow
+from heddle.model.spec import ModelArch, ModelSpec
+from heddle.model.tokenizer import Tokenizer
+
+
+class ModelExecutor:
+    """Owns the network, the paged KV cache and the sampler.
+
+    The KV cache of layer i is `kv_caches[i] = (K, V)`, each
+    [num_blocks, block_size, num_kv_heads, head_dim] in the model's dtype.
+    """
+
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+        self.device = resolve_device(model_config.device)
+        self.dtype = resolve_dtype(model_config.dtype, self.device)
+        if model_config.num_threads:
+            torch.set_num_threads(model_config.num_threads)
+        loaded = load_model(model_config.model)
+        spec = loaded.spec
+        self.spec: ModelSpec = spec
+        self.model_name = loaded.name
+        self.model_path = loaded.path
+        self._tokenizer = loaded.tokenizer
+        self.max_model_len = spec.max_position_embeddings
+        if model_config.max_model_len is not None:
+            self.max_model_len = min(self.max_model_len, model_config.max_model_len)
+        with torch.inference_mode():
+            self.model = LlamaForCausalLM(spec, loaded.weights, dtype=self.dtype,
+                                          device=self.device, max_positions=self.max_model_len)
+        loaded.weights.clear()
+        dtype_bytes = torch.finfo(self.dtype).bits // 8
+        self.arch = ModelArch.from_spec(spec, dtype_bytes)
+
+        self.block_size = cache_config.block_size
+        if cache_config.num_blocks is not None:
+            self.num_blocks = cache_config.num_blocks
+        else:
+            block_bytes = self.arch.kv_bytes_per_token * self.block_size
+            self.num_blocks = int(cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
+            if self.num_blocks < 1:
+                raise HeddleError("kv_cache_memory_gb is too small for one KV block")
+        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        # Zeros, not empty: padded gathers read unused slots (masked, but NaN * 0 is NaN).
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(spec.num_layers)
+        ]
+        self.sampler = Sampler(self.device)
+
+    # -- what the engine reads ---------------------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            raise HeddleError(f"model {self.model_name} has no tokenizer; pass token ids")
+        return self._tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self._tokenizer is not None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._tokenizer.eos_token_id if self._tokenizer is not None else None
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        start = time.perf_counter()
+        self.sampler.forget(scheduler_output.finished_request_ids)
+        scheduled = [s for s in scheduler_output.scheduled if s.token_ids]
+        if any(s.sample and not s.token_ids for s in scheduler_output.scheduled):
+            raise ValueError("a request cannot sample without computing at least one token")
+        if not scheduled:
+            return ExecutorOutput({}, time.perf_counter() - start)
+        with torch.inference_mode():
+            sampled, logprobs = self._run(scheduled)
+        return ExecutorOutput(sampled, time.perf_counter() - start, logprobs)
+
+    def _forward(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[list[ScheduledRequest], torch.Tensor, torch.Tensor]:
+        """Run the network on the step's tokens.
+
+        Returns the requests in the order their tokens were laid out (single-token rows
+        first: they share one batched attention call), the float32 logits of the sampling
+        rows [num_sampling, vocab], and the index of each sampling row's token.
+        """
+        decodes = [s for s in scheduled if len(s.token_ids) == 1]
+        prefills = [s for s in scheduled if len(s.token_ids) > 1]
+        ordered = decodes + prefills
+        input_ids = torch.tensor([t for s in ordered for t in s.token_ids], dtype=torch.int64)
+        metadata, positions = build_attention_metadata(
+            decode_positions=[s.start_position for s in decodes],
+            decode_block_tables=[s.block_table for s in decodes],
+            prefill_starts=[s.start_position for s in prefills],
+            prefill_lengths=[len(s.token_ids) for s in prefills],
+            prefill_block_tables=[s.block_table for s in prefills],
+            block_size=self.block_size,
+            group=self.spec.num_heads // self.spec.num_kv_heads,
+            sliding_window=self.spec.sliding_window,
+            device=self.device,
+        )
+        hidden = self.model.forward(input_ids.to(self.device), positions, self.kv_caches, metadata)
+        # Logits only for the last token of each request that samples.
+        sample_index: list[int] = []
+        offset = 0
+        for s in ordered:
+            offset += len(s.token_ids)
+            if s.sample:
+                sample_index.append(offset - 1)
+        index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, index))
+        return ordered, logits, index
+
+    def _run(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
+        ordered, logits, _ = self._forward(scheduled)
+        rows = [
+            SamplingRow(s.request_id, s.sampling_params, s.num_output_tokens, s.eos_token_id)
+            for s in ordered if s.sample
+        ]
+        if not rows:
+            return {}, {}
+        token_ids, logprobs = self.sampler.sample(logits, rows)
+        sampled = {row.request_id: [token] for row, token in zip(rows, token_ids, strict=True)}
+        return sampled, {rows[i].request_id: [lp] for i, lp in logprobs.items()}
+
+    def compute_logits(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Run one step like `execute`, but return the float32 logits [vocab] of each sampling
+        request instead of sampling (for tests and scoring)."""
+        scheduled = [s for s in scheduler_output.scheduled if s.token_ids]
+        with torch.inference_mode():
+            ordered, logits, _ = self._forward(scheduled)
+        sampling = [s.request_id for s in ordered if s.sample]
+        return {request_id: logits[i] for i, request_id in enumerate(sampling)}
