@@ -122,6 +122,8 @@ class Request:
             num_prompt_tokens=len(self.prompt_token_ids),
             request_class=self.request_class,
             user=self.user,
+            ttft_slo=self.ttft_slo,
+            tpot_slo=self.tpot_slo,
         )
 
     @property
