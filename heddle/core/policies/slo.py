@@ -1,0 +1,115 @@
+"""SLO-aware scheduling: earliest deadline first, with admission that protects running decodes.
+
+Each request has a TTFT and a TPOT target: its own (`Request.ttft_slo`/`tpot_slo`), else its
+class's (`ttft={"chat": 1.0}`), else the global default. Deadlines:
+- no token yet (waiting or mid-prefill): arrival + TTFT target;
+- after a token: that token's time + TPOT target (the next token is due then).
+Goodput first: a waiting request already overdue by more than `late_factor` TTFT targets is
+moved back by `late_shift` TTFT targets, a finite amount, so it still runs eventually.
+
+The step time is learned online (`StepTimeModel`: base + seconds per token). `step_limits` caps
+the token budget so the predicted step stays within `headroom` of the tightest TPOT target
+among requests already decoding; new prefills get only what is left. When even the decodes
+alone cannot meet that target the cap would save no one, and the full budget is used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from heddle.core.policies.base import Policy, SchedulerView, StepLimits
+from heddle.core.policies.registry import register
+from heddle.core.policies.step_time import StepTimeModel
+
+if TYPE_CHECKING:
+    from heddle.core.outputs import SchedulerOutput
+    from heddle.request import Request
+
+
+def _targets(name: str, value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must map request classes to seconds, got {value!r}")
+    out = {str(k): float(v) for k, v in value.items()}
+    if any(v <= 0 for v in out.values()):
+        raise ValueError(f"{name} targets must be positive")
+    return out
+
+
+@register
+class SLOPolicy(Policy):
+    """Earliest deadline first; the step's token budget is capped to hold running TPOTs."""
+
+    name = "slo"
+
+    def __init__(
+        self,
+        ttft: dict[str, float] | None = None,
+        tpot: dict[str, float] | None = None,
+        default_ttft: float = 2.0,
+        default_tpot: float = 0.2,
+        headroom: float = 0.9,
+        late_factor: float = 1.0,
+        late_shift: float = 10.0,
+        min_prefill_tokens: int = 1,
+        ewma_alpha: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.ttft = _targets("ttft", ttft or {})
+        self.tpot = _targets("tpot", tpot or {})
+        if default_ttft <= 0 or default_tpot <= 0:
+            raise ValueError("default_ttft and default_tpot must be positive")
+        if not 0 < headroom <= 1:
+            raise ValueError(f"headroom must be in (0, 1], got {headroom}")
+        if late_factor < 0 or late_shift < 0 or min_prefill_tokens < 0:
+            raise ValueError("late_factor, late_shift and min_prefill_tokens must be >= 0")
+        self.default_ttft = float(default_ttft)
+        self.default_tpot = float(default_tpot)
+        self.headroom = float(headroom)
+        self.late_factor = float(late_factor)
+        self.late_shift = float(late_shift)
+        self.min_prefill_tokens = int(min_prefill_tokens)
+        self.step_model = StepTimeModel(alpha=ewma_alpha)
+        self.last_cap: int | None = None  # the token budget of the last step, if capped
+
+    # -- targets and deadlines --------------------------------------------------------------
+    def ttft_target(self, request: Request) -> float:
+        if request.ttft_slo is not None:
+            return request.ttft_slo
+        return self.ttft.get(request.request_class, self.default_ttft)
+
+    def tpot_target(self, request: Request) -> float:
+        if request.tpot_slo is not None:
+            return request.tpot_slo
+        return self.tpot.get(request.request_class, self.default_tpot)
+
+    def deadline(self, request: Request, now: float) -> float:
+        """When this request's next token is due, shifted back if its first token is hopeless."""
+        token_times = request.record.token_times
+        if token_times:
+            return token_times[-1] + self.tpot_target(request)
+        ttft = self.ttft_target(request)
+        due = request.arrival_time + ttft
+        if now - due > self.late_factor * ttft:
+            return due + self.late_shift * ttft
+        return due
+
+    def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
+        return (self.deadline(request, now), request.arrival_time, request.seq)
+
+    # -- step shape -------------------------------------------------------------------------
+    def step_limits(self, view: SchedulerView) -> StepLimits:
+        self.last_cap = None
+        decoding = [r for r in view.running if r.record.token_times]
+        if not decoding or not self.step_model.fitted:
+            return StepLimits(view.token_budget, view.max_num_seqs)
+        tightest = min(self.tpot_target(r) for r in decoding)
+        cap = self.step_model.max_tokens_within(self.headroom * tightest)
+        if cap is None or cap < len(decoding):
+            return StepLimits(view.token_budget, view.max_num_seqs)  # infeasible: no one saved
+        cap = max(cap, len(decoding) + self.min_prefill_tokens)
+        if cap < view.token_budget:
+            self.last_cap = cap
+        return StepLimits(min(cap, view.token_budget), view.max_num_seqs)
+
+    def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
+        self.step_model.observe(scheduler_output.num_scheduled_tokens, duration)
