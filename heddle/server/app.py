@@ -1,0 +1,145 @@
+"""Build the FastAPI app over an AsyncEngine, and serve it with uvicorn.
+
+`build_app(async_engine)` is the ASGI app (tests run it in a thread); `run_server(config)` loads
+the model and serves until SIGTERM/SIGINT, then stops accepting connections, lets in-flight
+requests finish for up to `shutdown_timeout` seconds, aborts the rest and returns 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, cast
+
+import uvicorn
+from fastapi import FastAPI
+
+from heddle.config import EngineConfig
+from heddle.engine.async_engine import AsyncEngine
+from heddle.engine.engine import Engine
+from heddle.errors import HeddleError
+from heddle.server.errors import install_error_handlers
+from heddle.server.metrics import ServerMetrics
+from heddle.server.middleware import DEFAULT_MAX_BODY_BYTES, APIKeyMiddleware, BodyLimitMiddleware
+from heddle.server.routes import router
+from heddle.server.state import ServerState, ServerTokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def build_app(
+    async_engine: AsyncEngine,
+    *,
+    tokenizer: ServerTokenizer | None = None,
+    model_name: str | None = None,
+    aliases: Sequence[str] = (),
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    shutdown_engine: bool = True,
+    shutdown_timeout: float = 10.0,
+) -> FastAPI:
+    """The OpenAI-compatible app. The engine thread starts with the app; with
+    `shutdown_engine`, it is shut down (in-flight requests aborted) when the app stops."""
+    engine = async_engine.engine
+    tokenizer = tokenizer or cast(ServerTokenizer | None, engine.tokenizer)
+    if tokenizer is None or not hasattr(tokenizer, "encode"):
+        raise HeddleError("the server needs a tokenizer with encode() and apply_chat_template()")
+    name = model_name or getattr(engine.executor, "model_name", None) or "heddle"
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        try:
+            yield
+        finally:
+            if shutdown_engine:
+                await async_engine.shutdown_async(shutdown_timeout)
+
+    app = FastAPI(
+        title="heddle",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.heddle = ServerState(
+        engine=async_engine,
+        tokenizer=tokenizer,
+        model_name=name,
+        metrics=ServerMetrics(async_engine),
+        aliases=frozenset(aliases),
+    )
+    install_error_handlers(app)
+    app.include_router(router)
+    # The last middleware added runs first: check the key before reading a large body.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    return app
+
+
+def run_server(
+    config: EngineConfig | None = None,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    shutdown_timeout: float = 10.0,
+    log_level: str = "info",
+    engine: Engine | None = None,
+    **engine_kwargs: Any,
+) -> int:
+    """Load the model (unless `engine` is given) and serve until a signal; returns 0.
+
+    Raises HeddleError (e.g. ModelLoadError) for what the user can fix.
+    """
+    if engine is None:
+        engine = Engine.from_config(config or EngineConfig(), **engine_kwargs)
+    async_engine = AsyncEngine(engine)
+    aliases = [config.model.model] if config is not None and config.model.model else []
+    app = build_app(
+        async_engine,
+        model_name=served_model_name,
+        aliases=aliases,
+        api_key=api_key,
+        max_body_bytes=max_body_bytes,
+        shutdown_timeout=shutdown_timeout,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            timeout_graceful_shutdown=max(1, round(shutdown_timeout)),
+            lifespan="on",
+        )
+    )
+    with _signals_end_gracefully():
+        server.run()
+    async_engine.shutdown(shutdown_timeout)
+    return 0
+
+
+@contextlib.contextmanager
+def _signals_end_gracefully() -> Iterator[None]:
+    """uvicorn re-raises the signal that stopped it once it is done; with these handlers in
+    place that re-raise is a no-op, so a SIGTERM ends the process with status 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,125 @@
+"""POST /v1/chat/completions: messages rendered by the model's chat template, text out."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from heddle.engine.async_engine import RequestStream
+from heddle.engine.outputs import RequestOutput
+from heddle.server.generation import SSE_DONE, Prompt, follow, sse, stream_error, submit
+from heddle.server.render import chat_logprobs, usage
+from heddle.server.responses import AbortingStreamingResponse, run_to_completion
+from heddle.server.schemas import ChatCompletionRequest
+from heddle.server.state import ServerState
+
+
+async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> Response:
+    state: ServerState = raw.app.state.heddle
+    state.check_model(body.model)
+    body.check_supported()
+    prompt = await _prompt(state, body)
+    params = body.sampling_params(body.max_output_tokens, body.num_logprobs)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    streams = await submit(state, request_id, [prompt], params, body.scheduling_hints())
+    view = _View(state, body, request_id)
+    if body.stream:
+        return AbortingStreamingResponse(view.stream(streams[0]), state, streams)
+    finals = await run_to_completion(raw, state, streams)
+    return JSONResponse(view.response(finals[0]))
+
+
+async def _prompt(state: ServerState, body: ChatCompletionRequest) -> Prompt:
+    messages = [m.for_template(i) for i, m in enumerate(body.messages)]
+    kwargs: dict[str, Any] = {"add_generation_prompt": body.add_generation_prompt}
+    if body.tools:
+        kwargs["tools"] = body.tools
+    text = await state.render_chat(messages, **kwargs)
+    # The template writes the special tokens (BOS, role markers) itself.
+    return Prompt(await state.encode(text, add_special_tokens=False), text)
+
+
+class _View:
+    """Renders the engine outputs of one request as OpenAI chat completion objects."""
+
+    def __init__(self, state: ServerState, body: ChatCompletionRequest, request_id: str) -> None:
+        self.state = state
+        self.body = body
+        self.request_id = request_id
+        self.created = int(time.time())
+
+    def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.request_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": choices,
+        }
+
+    def response(self, final: RequestOutput) -> dict[str, Any]:
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": chat_logprobs(self.state, c.logprobs)
+                if c.logprobs is not None
+                else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in final.outputs
+        ]
+        return {**self._object("chat.completion", choices), "usage": usage([final])}
+
+    def _chunk(self, choice: dict[str, Any]) -> str:
+        chunk = self._object("chat.completion.chunk", [choice])
+        if self.body.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
+        final: RequestOutput | None = None
+        sent_logprobs: dict[int, int] = {}
+        done: set[int] = set()
+        try:
+            for index in range(self.body.n):
+                delta = {"role": "assistant", "content": ""}
+                yield self._chunk(
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+                )
+            async for _, output in follow(self.state, [stream]):
+                for c in output.outputs:
+                    if c.index in done:
+                        continue
+                    logprobs = None
+                    if c.logprobs is not None:
+                        new = c.logprobs[sent_logprobs.get(c.index, 0) :]
+                        sent_logprobs[c.index] = len(c.logprobs)
+                        if new:
+                            logprobs = chat_logprobs(self.state, new)
+                    if not c.delta_text and not c.finished and logprobs is None:
+                        continue
+                    if c.finished:
+                        done.add(c.index)
+                    choice = {
+                        "index": c.index,
+                        "delta": {"content": c.delta_text} if c.delta_text else {},
+                        "logprobs": logprobs,
+                        "finish_reason": c.finish_reason,
+                    }
+                    if c.finished:
+                        choice["stop_reason"] = c.stop_reason
+                    yield self._chunk(choice)
+                if output.finished:
+                    final = output
+            if self.body.include_usage and final is not None:
+                yield sse({**self._object("chat.completion.chunk", []), "usage": usage([final])})
+        except Exception as e:
+            yield stream_error(e)
+        yield SSE_DONE

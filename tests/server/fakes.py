@@ -1,0 +1,76 @@
+"""A model-free engine for the server's own unit tests: chars as tokens, a wall-clock executor."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput, TokenLogprobs
+from heddle.engine.engine import Engine
+
+EOS = 1
+ALPHABET = "abcdefghij "
+
+
+class CharTokenizer:
+    """Token id = code point; a chat template of `role: content` lines."""
+
+    eos_token_id = EOS
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids if i != EOS or not skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return text + ("assistant: " if add_generation_prompt else "")
+
+
+class CycleExecutor:
+    """Emits ALPHABET's letters in turn (by position), after a real sleep of `step_time`."""
+
+    model_name = "fake-model"
+
+    def __init__(self, step_time: float = 0.002, fail_on_token: int | None = None) -> None:
+        self.step_time = step_time
+        self.fail_on_token = fail_on_token
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        time.sleep(self.step_time)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, list[TokenLogprobs]] = {}
+        for s in scheduler_output.scheduled:
+            if not s.sample:
+                continue
+            token = ord(ALPHABET[s.context_len % len(ALPHABET)])
+            if token == self.fail_on_token:
+                raise RuntimeError("injected failure")
+            sampled[s.request_id] = [token]
+            if s.sampling_params.logprobs is not None:
+                top = [(token, -0.5), (ord("z"), -1.5)][: s.sampling_params.logprobs]
+                logprobs[s.request_id] = [TokenLogprobs(token, -0.5, top)]
+        return ExecutorOutput(sampled, self.step_time, logprobs)
+
+
+def make_engine(
+    num_blocks: int = 256,
+    max_model_len: int = 256,
+    step_time: float = 0.002,
+    **scheduler: Any,
+) -> Engine:
+    config = EngineConfig(cache=CacheConfig(block_size=4), scheduler=SchedulerConfig(**scheduler))
+    return Engine(
+        config,
+        CycleExecutor(step_time),
+        num_blocks=num_blocks,
+        tokenizer=CharTokenizer(),
+        eos_token_id=EOS,
+        max_model_len=max_model_len,
+        vocab_size=0x110000,
+    )
