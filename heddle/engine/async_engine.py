@@ -21,7 +21,7 @@ from typing import Any
 
 from heddle.engine.engine import Engine
 from heddle.engine.outputs import RequestOutput
-from heddle.errors import HeddleError
+from heddle.errors import HeddleError, QueueFullError
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.request import RequestStatus, SamplingParams
@@ -273,6 +273,7 @@ class AsyncEngine:
         if not command.accepted.set_running_or_notify_cancel():
             return  # the caller gave up before the engine got to it
         try:
+            self._check_room(command.params.n)
             self.engine.add_request(
                 command.request_id, command.prompt_token_ids, command.params, **command.kwargs
             )
@@ -281,6 +282,16 @@ class AsyncEngine:
             return
         self._streams[command.request_id] = command.stream
         command.accepted.set_result(None)
+
+    def _check_room(self, num_sequences: int) -> None:
+        """All n sequences of a request fit in the waiting queue, or none is added."""
+        bound = self.engine.config.scheduler.max_waiting
+        waiting = len(self.engine.scheduler.waiting)
+        if bound is not None and waiting + num_sequences > bound:
+            raise QueueFullError(
+                f"the waiting queue is full ({waiting} of {bound} places taken, "
+                f"{num_sequences} needed); retry later"
+            )
 
     def _step(self) -> None:
         steps_before = self.engine.num_steps

@@ -1,0 +1,96 @@
+"""What a bench run leaves behind: a summary table, a JSON file and a PNG of latency CDFs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heddle.metrics import Summary, record_to_dict
+from heddle.metrics.record import RequestRecord
+
+
+@dataclass(slots=True)
+class BenchResult:
+    config: dict[str, Any]  # the run's settings (base_url, workload, rate, concurrency, ...)
+    workload: dict[str, Any]  # Workload.describe()
+    records: list[RequestRecord]
+    summary: Summary
+    errors: dict[str, str] = field(default_factory=dict)  # request id -> what went wrong
+    num_not_sent: int = 0
+    wall_time: float = 0.0
+
+    def to_dict(self, with_records: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "config": self.config,
+            "workload": self.workload,
+            "wall_time": self.wall_time,
+            "num_not_sent": self.num_not_sent,
+            "summary": self.summary.to_dict(),
+            "errors": self.errors,
+        }
+        if with_records:
+            out["records"] = [record_to_dict(r) for r in self.records]
+        return _finite(out)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf or nan: write them as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_outputs(result: BenchResult, output_dir: str | Path, label: str = "bench") -> list[Path]:
+    """`<label>.json` (settings, summary, errors, every record) and `<label>_cdf.png`."""
+    from heddle.metrics import plot_latency_cdfs
+
+    directory = Path(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path = directory / f"{label}.json"
+    json_path.write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    title = f"{result.config.get('workload')} @ {_load_label(result.config)}"
+    png_path = plot_latency_cdfs(
+        {label: result.records}, directory / f"{label}_cdf.png", title=title
+    )
+    return [json_path, png_path]
+
+
+def _load_label(config: dict[str, Any]) -> str:
+    parts = []
+    if config.get("request_rate") is not None:
+        parts.append(f"{config['request_rate']} req/s")
+    if config.get("concurrency") is not None:
+        parts.append(f"concurrency {config['concurrency']}")
+    return ", ".join(parts) or "all at once"
+
+
+def print_report(result: BenchResult, console: Any = None) -> None:
+    from rich.console import Console
+
+    from heddle.metrics import format_summary
+
+    # Off a terminal rich assumes 80 columns, too narrow for the table: use a log's width.
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    title = f"{result.config.get('base_url')} — {result.config.get('workload')}"
+    title += f" @ {_load_label(result.config)}"
+    console.print(format_summary(result.summary, title))
+    overall = result.summary.overall
+    console.print(
+        f"requests: {overall.num_completed} completed, {overall.num_failed} failed, "
+        f"{result.num_not_sent} not sent; "
+        f"output {overall.output_throughput:.1f} tok/s, "
+        f"total {overall.total_token_throughput:.1f} tok/s; wall {result.wall_time:.1f} s"
+    )
+    if result.errors:
+        shown = list(result.errors.items())[:5]
+        console.print(f"[red]{len(result.errors)} request(s) failed[/red], e.g.:")
+        for request_id, error in shown:
+            console.print(f"  {request_id}: {error}")

@@ -1,0 +1,113 @@
+"""A live heddle server on 127.0.0.1 for tests: the real embedded model, uvicorn in a thread.
+
+The model is loaded once per test session and shared by the servers of every module (one
+server at a time); each module builds its own Engine over it with its own scheduler settings.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import uvicorn
+
+from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heddle.engine.async_engine import AsyncEngine
+from heddle.engine.engine import Engine
+from heddle.server.app import build_app
+
+CACHE = CacheConfig(block_size=16, num_blocks=256)  # 4096 tokens of KV cache
+MAX_MODEL_LEN = 512  # keeps "prompt longer than the context" cheap to test
+API_KEY = "test-key"
+
+
+@functools.cache
+def shared_executor() -> Any:
+    """The embedded model's executor, loaded once; skips the test when it is not installed."""
+    try:
+        from heddle.model.executor import ModelExecutor
+        from heddle.model.registry import default_model_path
+    except ImportError as e:  # pragma: no cover - the model package is missing
+        pytest.skip(f"heddle.model is not available: {e}")
+    try:
+        default_model_path()
+    except Exception as e:
+        pytest.skip(f"the embedded model is not installed: {e}")
+    return ModelExecutor(ModelConfig(num_threads=2), CACHE)
+
+
+def real_engine(**scheduler: Any) -> Engine:
+    executor = shared_executor()
+    config = EngineConfig(cache=CACHE, scheduler=SchedulerConfig(**scheduler))
+    return Engine(
+        config,
+        executor,
+        num_blocks=executor.num_blocks,
+        tokenizer=executor.tokenizer,
+        eos_token_id=executor.eos_token_id,
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=executor.arch.vocab_size,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """uvicorn serving `build_app(AsyncEngine(engine))` in a daemon thread."""
+
+    def __init__(self, engine: Engine, **app_options: Any) -> None:
+        self.engine = engine
+        self.async_engine = AsyncEngine(engine)
+        self.app = build_app(self.async_engine, **app_options)
+        self.port = free_port()
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Until no request is left in the engine and every KV block is back in the pool."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.async_engine.stats
+            if (
+                stats.num_running == 0
+                and stats.num_waiting == 0
+                and stats.kv_blocks_used == 0
+                and not self.engine.has_unfinished_requests()
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the engine is not idle: {stats}")
+            time.sleep(0.02)
+
+    def assert_pool_whole(self) -> None:
+        self.wait_idle()
+        assert self.engine.kv_cache.num_used_blocks == 0
+        self.engine.check_integrity()
