@@ -18,7 +18,7 @@ from heddle.core.policies import Policy
 from heddle.core.scheduler import Scheduler
 from heddle.engine.detokenizer import IncrementalDetokenizer
 from heddle.engine.outputs import CompletionOutput, RequestOutput
-from heddle.errors import InvalidRequestError
+from heddle.errors import InvalidRequestError, QueueFullError
 from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
@@ -132,6 +132,13 @@ class Engine:
         if request_id in self._groups:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         self._validate(prompt_token_ids, params)
+        bound = self.config.scheduler.max_waiting
+        if bound is not None and len(self.scheduler.waiting) + params.n > bound:
+            # All n sequences of a request are queued, or none is.
+            raise QueueFullError(
+                f"the waiting queue is full ({len(self.scheduler.waiting)} of {bound} places "
+                f"taken, {params.n} needed); retry later"
+            )
         arrival = self.clock.now() if arrival_time is None else arrival_time
         group = _Group(request_id, prompt, list(prompt_token_ids))
         parent_id: str | None = None
@@ -167,7 +174,7 @@ class Engine:
             sequence = _Sequence(
                 request, index, detokenizer, [] if params.logprobs is not None else None
             )
-            self.scheduler.add_request(request)  # may raise QueueFullError: nothing else is kept
+            self.scheduler.add_request(request)
             group.sequences.append(sequence)
             self._sequences[seq_id] = (group, sequence)
             parent_id = parent_id or seq_id

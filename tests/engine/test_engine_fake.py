@@ -138,3 +138,15 @@ def test_detokenizer_releases_held_text_that_is_not_a_stop():
     assert detok.take_delta(finished=False) == ""
     detok.add_tokens([ord("x")])
     assert detok.take_delta(finished=True) == "STx"
+
+
+def test_a_group_is_queued_whole_or_not_at_all():
+    from heddle.errors import QueueFullError
+
+    engine, _, _ = make_engine(max_waiting=3)
+    engine.add_request("a", [5] * 4, SamplingParams(n=2, max_tokens=2))
+    with pytest.raises(QueueFullError):
+        engine.add_request("b", [5] * 4, SamplingParams(n=2, max_tokens=2))
+    assert len(engine.scheduler.waiting) == 2
+    run(engine)
+    engine.check_integrity()
