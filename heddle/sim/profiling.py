@@ -1,0 +1,173 @@
+"""Measure a real executor's step times over a grid of step shapes, for `fit_profile`.
+
+`profile_grid()` chooses the shapes; `profile_executor()` turns each into a synthetic
+`SchedulerOutput` (made-up token ids, blocks from a bump allocator), runs it through an
+injected `execute_fn` and times it. Nothing here imports torch: the caller (`heddle profile`)
+passes `ModelExecutor.execute`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+
+from heddle.clock import Clock, WallClock
+from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from heddle.errors import HeddleError
+from heddle.request import SamplingParams
+from heddle.sim.cost_model import StepShape
+
+ExecuteFn = Callable[[SchedulerOutput], ExecutorOutput]
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    values, v = [], low
+    while v <= high:
+        values.append(v)
+        v *= 2
+    return values
+
+
+def profile_grid(
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+    max_context: int = 4096,
+    max_kv_tokens: int | None = None,
+) -> list[StepShape]:
+    """Step shapes that span what a scheduler with these limits produces.
+
+    - prefill: chunks of 16..budget tokens (powers of two) after cached prefixes of
+      0, 1/4 and 3/4 of `max_context`, half of them ending their prompt (one sampled row);
+    - decode: batches of 1..max_num_seqs (powers of two) at contexts 128..max_context;
+    - mixed: a decode batch plus a mid-prompt prefill chunk filling the rest of the budget.
+
+    Shapes whose contexts add up to more than `max_kv_tokens` (the executor's KV pool in
+    tokens) are left out.
+    """
+    if min(max_num_batched_tokens, max_num_seqs, max_context) < 2:
+        raise HeddleError("profile_grid limits must be at least 2")
+    shapes: list[StepShape] = []
+    chunks = _powers_of_two(16, max_num_batched_tokens) or [max_num_batched_tokens]
+    prefixes = sorted({0, max_context // 4, 3 * max_context // 4})
+    for i, chunk in enumerate(chunks):
+        for j, prefix in enumerate(prefixes):
+            if chunk + prefix <= max_context:
+                # Half the chunks end their prompt (one sampled row): a checkerboard keeps the
+                # LM head's cost apart from the chunk size and the prefix.
+                sampled = (i + j + 1) % 2
+                shapes.append(StepShape(((chunk, prefix + chunk),), (), num_sampled=sampled))
+    batches = [b for b in _powers_of_two(1, max_num_seqs) if b <= max_num_batched_tokens]
+    contexts = sorted({min(c, max_context) for c in (128, 512, 2048, max_context)})
+    for batch in batches:
+        for context in contexts:
+            shapes.append(StepShape((), (context,) * batch))
+    for batch in batches[::2]:
+        chunk = max_num_batched_tokens - batch
+        if chunk < 2:
+            continue
+        for context in contexts[:: max(1, len(contexts) - 1)]:
+            prefill_context = min(max_context, chunk + context)
+            if prefill_context >= chunk:
+                shapes.append(StepShape(((chunk, prefill_context),), (context,) * batch))
+    if max_kv_tokens is not None:
+        shapes = [s for s in shapes if _kv_tokens(s) <= max_kv_tokens]
+    return shapes
+
+
+def _kv_tokens(shape: StepShape) -> int:
+    return sum(c for _, c in shape.prefill_chunks) + shape.decode_context_tokens
+
+
+def build_scheduler_output(
+    shape: StepShape,
+    step_id: int,
+    block_size: int,
+    num_blocks: int | None = None,
+    vocab_size: int = 1000,
+    request_prefix: str = "profile",
+) -> SchedulerOutput:
+    """A SchedulerOutput of `shape` with synthetic token ids and freshly allocated blocks.
+
+    Blocks are handed out from 0 upward within the step (the K/V they hold is whatever the
+    cache contains: only the timing matters). Sampling is greedy so garbage K/V cannot
+    upset a sampler. `StepShape.from_scheduler_output` of the result equals `shape`.
+    """
+    if block_size < 1:
+        raise HeddleError("block_size must be positive")
+    params = SamplingParams(temperature=0.0, max_tokens=None)
+    sampled_prefills = max(0, shape.num_sampled_rows - shape.num_decode_tokens)
+    next_block = 0
+    scheduled: list[ScheduledRequest] = []
+
+    def add(index: int, num_new: int, context: int, prompt_len: int, sample: bool) -> None:
+        nonlocal next_block
+        num_blocks_needed = -(-context // block_size)
+        table = list(range(next_block, next_block + num_blocks_needed))
+        next_block += num_blocks_needed
+        start = context - num_new
+        scheduled.append(
+            ScheduledRequest(
+                request_id=f"{request_prefix}-{step_id}-{index}",
+                token_ids=[1 + (start + i) * 31 % (vocab_size - 1) for i in range(num_new)],
+                start_position=start,
+                block_table=table,
+                sample=sample,
+                sampling_params=params,
+                num_prompt_tokens=prompt_len,
+                num_output_tokens=max(0, context - prompt_len),
+            )
+        )
+
+    for i, (num_new, context) in enumerate(shape.prefill_chunks):
+        sample = i < sampled_prefills
+        # A sampling chunk ends its prompt; any other chunk stops one token short of it.
+        add(i, num_new, context, context if sample else context + 1, sample)
+    offset = len(shape.prefill_chunks)
+    for j, context in enumerate(shape.decode_context_lens):
+        sample = j < shape.num_sampled_rows
+        # A sampling token follows the prompt (or is its only token); any other is mid-prompt.
+        add(offset + j, 1, context, max(1, context - 1) if sample else context + 1, sample)
+    if num_blocks is not None and next_block > num_blocks:
+        raise HeddleError(
+            f"a step of {shape.num_requests} requests needs {next_block} KV blocks of "
+            f"{block_size} tokens; the executor has {num_blocks}: shrink the grid"
+        )
+    return SchedulerOutput(step_id=step_id, scheduled=scheduled)
+
+
+def profile_executor(
+    execute_fn: ExecuteFn,
+    shapes: Sequence[StepShape],
+    block_size: int,
+    repeats: int = 3,
+    *,
+    warmup: int = 1,
+    num_blocks: int | None = None,
+    vocab_size: int = 1000,
+    clock: Clock | None = None,
+) -> list[tuple[StepShape, float]]:
+    """(shape, median seconds over `repeats` runs) for each shape, after `warmup` untimed runs.
+
+    Each run uses fresh request ids and reports the previous run's as finished, so an
+    executor that keeps per-request state (seeded generators) drops it as in serving.
+    """
+    if repeats < 1 or warmup < 0:
+        raise HeddleError("repeats must be >= 1 and warmup >= 0")
+    clock = clock or WallClock()
+    finished: list[str] = []
+    step_id = 0
+    results: list[tuple[StepShape, float]] = []
+    for shape in shapes:
+        times = []
+        for run in range(warmup + repeats):
+            so = build_scheduler_output(shape, step_id, block_size, num_blocks, vocab_size)
+            so.finished_request_ids = finished
+            start = clock.now()
+            execute_fn(so)
+            elapsed = clock.now() - start
+            if run >= warmup:
+                times.append(elapsed)
+            finished = [s.request_id for s in so.scheduled]
+            step_id += 1
+        results.append((shape, statistics.median(times)))
+    return results

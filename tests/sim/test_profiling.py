@@ -1,0 +1,77 @@
+"""Profiling a real executor: the grid, synthetic scheduler outputs, timing."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from heddle.clock import VirtualClock
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput
+from heddle.errors import HeddleError
+from heddle.sim.cost_model import StepShape
+from heddle.sim.profiling import build_scheduler_output, profile_executor, profile_grid
+
+
+def test_grid_respects_the_limits_and_covers_each_kind():
+    shapes = profile_grid(max_num_batched_tokens=256, max_num_seqs=16, max_context=2048)
+    assert len(set(shapes)) == len(shapes)
+    assert all(s.num_tokens <= 256 and s.num_requests <= 17 for s in shapes)
+    assert all(c <= 2048 for s in shapes for _, c in s.prefill_chunks)
+    assert all(c <= 2048 for s in shapes for c in s.decode_context_lens)
+    assert any(s.prefill_chunks and not s.decode_context_lens for s in shapes)
+    assert any(s.decode_context_lens and not s.prefill_chunks for s in shapes)
+    assert any(s.decode_context_lens and s.prefill_chunks for s in shapes)
+    small = profile_grid(256, 16, 2048, max_kv_tokens=1024)
+    assert small and all(
+        sum(c for _, c in s.prefill_chunks) + s.decode_context_tokens <= 1024 for s in small
+    )
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        StepShape(((64, 64),), (), num_sampled=1),
+        StepShape(((32, 100), (16, 16)), (1, 17, 33), num_sampled=4),
+        StepShape(((32, 100),), (5, 6)),
+        StepShape((), (1, 2, 3), num_sampled=2),
+    ],
+)
+def test_scheduler_output_has_the_requested_shape(shape):
+    so = build_scheduler_output(shape, step_id=7, block_size=16, vocab_size=100)
+    assert StepShape.from_scheduler_output(so) == shape
+    blocks = [b for s in so.scheduled for b in s.block_table]
+    assert blocks == list(range(len(blocks)))  # fresh, distinct blocks
+    for s in so.scheduled:
+        assert len(s.block_table) * 16 >= s.context_len > (len(s.block_table) - 1) * 16
+        assert all(0 < t < 100 for t in s.token_ids)
+        assert s.sampling_params.greedy
+        # A sampling request computes through the end of its known tokens.
+        known = s.num_prompt_tokens + s.num_output_tokens
+        assert (s.context_len == known) == s.sample or s.context_len < known
+
+
+def test_too_many_blocks_is_an_error():
+    with pytest.raises(HeddleError, match=r"needs 64 KV blocks.*has 10"):
+        build_scheduler_output(StepShape((), (16,) * 64), 0, block_size=16, num_blocks=10)
+
+
+def test_profile_executor_times_each_shape_and_releases_requests():
+    clock = VirtualClock()
+    seen: list[SchedulerOutput] = []
+
+    def execute(so: SchedulerOutput) -> ExecutorOutput:
+        seen.append(so)
+        clock.advance(0.001 * so.num_scheduled_tokens)
+        return ExecutorOutput({s.request_id: [1] for s in so.scheduled if s.sample}, 0.0)
+
+    shapes = [StepShape((), (10,) * 4), StepShape(((8, 8),), (), num_sampled=1)]
+    samples = profile_executor(execute, shapes, block_size=4, repeats=3, warmup=2, clock=clock)
+    assert samples == [(shapes[0], pytest.approx(0.004)), (shapes[1], pytest.approx(0.008))]
+    assert len(seen) == 2 * 5
+    assert seen[0].finished_request_ids == []
+    for before, after in itertools.pairwise(seen):
+        assert after.finished_request_ids == [s.request_id for s in before.scheduled]
+        assert not {s.request_id for s in after.scheduled} & {
+            s.request_id for s in before.scheduled
+        }
