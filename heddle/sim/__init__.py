@@ -1,0 +1,43 @@
+"""The simulator: cost models and a SimulatedExecutor that drive the real engine on a virtual clock.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from heddle.sim.cost_model import CostModel, StepShape
+from heddle.sim.executor import SimulatedExecutor
+from heddle.sim.profiled import ProfiledCostModel, fit_profile
+from heddle.sim.profiling import build_scheduler_output, profile_executor, profile_grid
+from heddle.sim.registry import ConstantCostModel, cost_model_names, make_cost_model
+from heddle.sim.roofline import RooflineCostModel, kv_cache_blocks
+from heddle.sim.specs import (
+    HardwareSpec,
+    ModelSpec,
+    hardware_ids,
+    load_hardware_spec,
+    load_model_spec,
+    model_ids,
+)
+
+__all__ = [
+    "ConstantCostModel",
+    "CostModel",
+    "HardwareSpec",
+    "ModelSpec",
+    "ProfiledCostModel",
+    "RooflineCostModel",
+    "SimulatedExecutor",
+    "StepShape",
+    "build_scheduler_output",
+    "cost_model_names",
+    "fit_profile",
+    "hardware_ids",
+    "kv_cache_blocks",
+    "load_hardware_spec",
+    "load_model_spec",
+    "make_cost_model",
+    "model_ids",
+    "profile_executor",
+    "profile_grid",
+]
