@@ -39,11 +39,10 @@ TOKEN_BUCKETS = ((1, 8), (9, 64), (65, 256), (257, 1024), (1025, 4096), (4097, 3
 
 
 def shared_dir() -> Path | None:
-    """`$HEDDLE_SHARED`, else `shared/` beside the repository root; None when neither exists."""
+    """`$HEDDLE_SHARED` when set, else `shared/` beside the repository root; None if missing."""
     env = os.environ.get("HEDDLE_SHARED")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parents[2].parent / "shared")
-    return next((p for p in candidates if p.is_dir()), None)
+    path = Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared"
+    return path if path.is_dir() else None
 
 
 def profiles_dir() -> Path | None:
