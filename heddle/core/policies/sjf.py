@@ -1,0 +1,71 @@
+"""Shortest (predicted) job first, with aging.
+
+A request's remaining work is its predicted remaining output (predicted output length minus
+tokens generated so far, at least 1) plus `prompt_weight` times its prompt tokens still to
+compute. Output lengths come from an online predictor (`predictor.py`) that learns from every
+finished request. Aging forgives one token of work per `aging_seconds` since arrival, so a long
+job is ahead of any job that arrives more than (its work) * aging_seconds later: no starvation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from heddle.core.policies.base import Policy
+from heddle.core.policies.predictor import OutputLenPredictor
+from heddle.core.policies.registry import register
+
+if TYPE_CHECKING:
+    from heddle.request import Request
+
+
+class RemainingWorkPolicy(Policy):
+    """Order by remaining work minus aging credit; subclasses say how long outputs will be."""
+
+    def __init__(self, aging_seconds: float = 0.1, prompt_weight: float = 1.0) -> None:
+        super().__init__()
+        if not (aging_seconds > 0 and math.isfinite(aging_seconds)):
+            raise ValueError(f"aging_seconds must be positive and finite, got {aging_seconds}")
+        if prompt_weight < 0:
+            raise ValueError(f"prompt_weight must be >= 0, got {prompt_weight}")
+        self.aging_seconds = float(aging_seconds)
+        self.prompt_weight = float(prompt_weight)
+
+    def predicted_output_len(self, request: Request) -> float:
+        raise NotImplementedError
+
+    def remaining_work(self, request: Request) -> float:
+        # No request outgrows its max_tokens, whatever the prediction says.
+        predicted = min(self.predicted_output_len(request), request.max_output_tokens)
+        remaining_output = max(1.0, predicted - request.num_output_tokens)
+        remaining_prompt = max(0, request.num_prompt_tokens - request.num_computed_tokens)
+        return remaining_output + self.prompt_weight * remaining_prompt
+
+    def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
+        # work - (now - arrival) / aging_seconds, without the `now` term every request shares.
+        aged = self.remaining_work(request) + request.arrival_time / self.aging_seconds
+        return (aged, request.arrival_time, request.seq)
+
+
+@register
+class SJFPolicy(RemainingWorkPolicy):
+    """Shortest predicted remaining work first; the predictor learns from finished requests."""
+
+    name = "sjf"
+
+    def __init__(
+        self,
+        aging_seconds: float = 0.1,
+        prompt_weight: float = 1.0,
+        default_output_len: float = 128.0,
+        min_samples: int = 2,
+    ) -> None:
+        super().__init__(aging_seconds, prompt_weight)
+        self.predictor = OutputLenPredictor(default_output_len, min_samples)
+
+    def predicted_output_len(self, request: Request) -> float:
+        return self.predictor.predict(request)
+
+    def on_finished(self, request: Request) -> None:
+        self.predictor.observe(request)
