@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from heddle.core.policies import make_policy
+from heddle.request import RequestStatus
+from tests.factories import create_request, create_scheduler, sample_all
+
+
+def step(sched):
+    out = sched.schedule()
+    sched.update(out, sample_all(out))
+    return {s.request_id: len(s.token_ids) for s in out.scheduled}, out.preempted_request_ids
+
+
+def test_skip_join_enters_long_prompts_at_lower_levels():
+    policy = make_policy("mlfq", num_levels=4, prompt_quantum=16)
+    levels = {
+        n: policy.level_of(create_request(f"p{n}", prompt_len=n), 0.0)
+        for n in (8, 16, 17, 40, 1000)
+    }
+    assert levels == {8: 0, 16: 0, 17: 1, 40: 2, 1000: 3}
+
+
+def test_quantum_doubles_per_level():
+    policy = make_policy("mlfq", num_levels=3, quantum=2)
+    request = create_request("r", max_tokens=100)
+    levels = []
+    for _ in range(10):
+        levels.append(policy.level_of(request, 0.0))
+        request.append_output_token(7)
+    # 2 tokens at level 0, 4 at level 1, then the bottom level keeps it.
+    assert levels == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+
+
+def test_a_demoted_long_generation_is_overtaken_by_a_new_short_request():
+    sched = create_scheduler(policy="mlfq", max_num_seqs=1, quantum=2)
+    long = create_request("long", prompt_len=4, max_tokens=20)
+    sched.add_request(long)
+    trace = [step(sched)]  # first token
+    sched.add_request(create_request("early", prompt_len=4, max_tokens=2, first_token=200))
+    trace.append(step(sched))  # same level as long: waits; long reaches its quantum
+    sched.add_request(create_request("late", prompt_len=4, max_tokens=2, first_token=300))
+    trace += [step(sched), step(sched), step(sched), step(sched)]
+    assert trace == [
+        ({"long": 4}, []),
+        ({"long": 1}, []),
+        ({"early": 4}, ["long"]),  # long is demoted to level 1: both newcomers overtake it
+        ({"early": 1}, []),
+        ({"late": 4}, []),
+        ({"late": 1}, []),
+    ]
+    assert long.status is RequestStatus.PREEMPTED and long.num_output_tokens == 2
+    # Back in: the first block is still in the prefix cache; the other two tokens are recomputed.
+    assert step(sched) == ({"long": 2}, [])
+
+
+def test_starving_requests_are_promoted_to_the_top():
+    policy = make_policy("mlfq", quantum=1, prompt_quantum=4, starvation_seconds=5.0)
+    request = create_request("r", prompt_len=8, max_tokens=100, arrival_time=0.0)
+    assert policy.level_of(request, 0.0) == 1
+    request.append_output_token(7)
+    request.append_output_token(7)
+    assert policy.level_of(request, 4.0) == 2  # demoted after level 1's 2 tokens
+    assert policy.level_of(request, 5.0) == 0  # 5 s without service since it arrived
+    assert policy.level_of(request, 6.0) == 0  # with a fresh level-0 quantum
+    request.append_output_token(7)
+    assert policy.level_of(request, 6.0) == 1
