@@ -1,0 +1,119 @@
+"""Per-user fairness by virtual token counters (VTC; Sheng et al., OSDI'24).
+
+Each user has a counter of the weighted service it has received: `input_weight` per prompt
+token computed, `output_weight` per token generated. The backlogged user with the smallest
+counter is served first. When a user becomes backlogged after idling, its counter is lifted to
+the smallest counter among the users already backlogged (or, if none is, to the largest counter
+of the users who left last): work-conserving, and no credit is banked while idle.
+
+Within one step the counters only move at the step's end, so admission interleaves users by
+their counters plus the prompt tokens already handed out this step, as VTC charges at admission.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from heddle.core.policies.base import Policy, SchedulerView, StepLimits
+from heddle.core.policies.registry import register
+
+if TYPE_CHECKING:
+    from heddle.core.outputs import SchedulerOutput
+    from heddle.request import Request
+
+ANONYMOUS = "<anonymous>"
+
+
+def user_of(request: Request) -> str:
+    return request.user if request.user is not None else ANONYMOUS
+
+
+@register
+class FairPolicy(Policy):
+    """Serve the backlogged user with the least weighted service first."""
+
+    name = "fair"
+
+    def __init__(self, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
+        super().__init__()
+        if input_weight < 0 or output_weight < 0 or input_weight + output_weight <= 0:
+            raise ValueError("weights must be >= 0 and not both zero")
+        self.input_weight = float(input_weight)
+        self.output_weight = float(output_weight)
+        self.counters: dict[str, float] = {}
+        self._active: set[str] = set()  # users with a waiting or running request
+        self._last_left_counter = 0.0
+        self._users: dict[str, str] = {}  # request_id -> user, for on_step_end
+        self._finished: list[str] = []
+
+    def counter(self, user: str) -> float:
+        return self.counters.get(user, 0.0)
+
+    def step_limits(self, view: SchedulerView) -> StepLimits:
+        active: set[str] = set()
+        for request in (*view.running, *view.waiting):
+            user = user_of(request)
+            self._users[request.request_id] = user
+            active.add(user)
+        staying = self._active & active
+        left = self._active - active
+        if left:
+            self._last_left_counter = max(self.counter(u) for u in left)
+        floor = min(self.counter(u) for u in staying) if staying else self._last_left_counter
+        for user in active - self._active:
+            self.counters[user] = max(self.counter(user), floor)
+        self._active = active
+        return StepLimits(view.token_budget, view.max_num_seqs)
+
+    def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
+        return (self.counter(user_of(request)), request.arrival_time, request.seq)
+
+    def _interleave(self, requests: Sequence[Request], now: float) -> list[Request]:
+        """Repeatedly take the earliest request of the user with the smallest provisional
+        counter, charging it what the request would get this step (prompt left + one token)."""
+        queues: dict[str, list[Request]] = {}
+        for request in sorted(requests, key=lambda r: (r.arrival_time, r.seq)):
+            queues.setdefault(user_of(request), []).append(request)
+        heap = [(self.counter(u), q[0].seq, u) for u, q in queues.items()]
+        heapq.heapify(heap)
+        positions = dict.fromkeys(queues, 0)
+        ordered: list[Request] = []
+        while heap:
+            provisional, _, user = heapq.heappop(heap)
+            queue = queues[user]
+            request = queue[positions[user]]
+            positions[user] += 1
+            ordered.append(request)
+            if positions[user] < len(queue):
+                prompt_left = max(0, request.num_prompt_tokens - request.num_computed_tokens)
+                charge = self.input_weight * prompt_left + self.output_weight
+                heapq.heappush(heap, (provisional + charge, queue[positions[user]].seq, user))
+        return ordered
+
+    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+        return self._interleave(waiting, now)
+
+    def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
+        return self._interleave(running, now)
+
+    def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
+        for scheduled in scheduler_output.scheduled:
+            user = self._users.get(scheduled.request_id)
+            if user is None:
+                continue
+            # Prompt positions computed this step (recomputed outputs after a preemption are
+            # the scheduler's doing, not the user's: not charged), plus the token sampled.
+            end = scheduled.start_position + len(scheduled.token_ids)
+            prompt_tokens = max(0, min(end, scheduled.num_prompt_tokens) - scheduled.start_position)
+            service = self.input_weight * prompt_tokens
+            if scheduled.sample:
+                service += self.output_weight
+            self.counters[user] = self.counter(user) + service
+        for request_id in self._finished:
+            self._users.pop(request_id, None)
+        self._finished.clear()
+
+    def on_finished(self, request: Request) -> None:
+        self._finished.append(request.request_id)
