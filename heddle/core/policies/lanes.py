@@ -1,0 +1,79 @@
+"""Isolation lanes: long contexts share each step with short ones, but only up to a cap.
+
+A request is in the "long" lane when its prompt has at least `long_prompt_tokens` tokens or it
+has generated at least `long_output_tokens`; otherwise in the "short" lane. Short requests are
+ordered before long ones, so a short prompt is admitted in the first step it can be.
+
+Each step, while short requests have work, the long lane may take at most `long_share` of the
+token budget (a cap: long prefills do not stretch the steps short decodes wait on) and at least
+`long_min_share` of it (a guarantee: long requests always progress); between the two it takes
+what the short lane's demand leaves. When no short request has work, the long lane may take
+the whole budget. The short lane gets whatever the long lane does not use.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from heddle.core.policies.base import Policy, SchedulerView, StepLimits
+from heddle.core.policies.registry import register
+
+if TYPE_CHECKING:
+    from heddle.request import Request
+
+SHORT_LANE = "short"
+LONG_LANE = "long"
+
+
+@register
+class LanesPolicy(Policy):
+    """Short lane first; the long lane's share of a step is capped while short has demand."""
+
+    name = "lanes"
+
+    def __init__(
+        self,
+        long_prompt_tokens: int = 2048,
+        long_output_tokens: int = 1024,
+        long_share: float = 0.25,
+        long_min_share: float = 0.05,
+    ) -> None:
+        super().__init__()
+        if long_prompt_tokens < 1 or long_output_tokens < 1:
+            raise ValueError("long_prompt_tokens and long_output_tokens must be positive")
+        if not 0 <= long_min_share <= long_share <= 1:
+            raise ValueError("need 0 <= long_min_share <= long_share <= 1")
+        self.long_prompt_tokens = long_prompt_tokens
+        self.long_output_tokens = long_output_tokens
+        self.long_share = float(long_share)
+        self.long_min_share = float(long_min_share)
+
+    def lane_of(self, request: Request) -> str:
+        if (
+            request.num_prompt_tokens >= self.long_prompt_tokens
+            or request.num_output_tokens >= self.long_output_tokens
+        ):
+            return LONG_LANE
+        return SHORT_LANE
+
+    def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
+        return (int(self.lane_of(request) == LONG_LANE), request.arrival_time, request.seq)
+
+    def step_limits(self, view: SchedulerView) -> StepLimits:
+        demand = {SHORT_LANE: 0, LONG_LANE: 0}
+        for request in view.running:
+            demand[self.lane_of(request)] += request.num_uncomputed_tokens
+        for request in view.waiting:
+            demand[self.lane_of(request)] += request.num_tokens
+        budget = view.token_budget
+        if demand[SHORT_LANE] == 0:
+            long_budget = budget
+        else:
+            # At least one token when the share is positive, so long requests always progress.
+            floor = math.ceil(self.long_min_share * budget)
+            cap = max(floor, int(self.long_share * budget))
+            long_budget = min(cap, max(floor, budget - demand[SHORT_LANE]))
+        short_budget = budget - min(long_budget, demand[LONG_LANE])
+        lanes = {SHORT_LANE: short_budget, LONG_LANE: long_budget}
+        return StepLimits(budget, view.max_num_seqs, lanes)
