@@ -173,6 +173,7 @@ async def run_bench_async(
         errors={o.record.request_id: o.error for o in result.outcomes if o.error is not None},
         num_not_sent=result.num_not_sent,
         wall_time=result.wall_time,
+        workload_requests=load.flat(),
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from heddle.metrics import Summary, record_to_dict
 from heddle.metrics.record import RequestRecord
+from heddle.workloads import WorkloadRequest
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class BenchResult:
     errors: dict[str, str] = field(default_factory=dict)  # request id -> what went wrong
     num_not_sent: int = 0
     wall_time: float = 0.0
+    workload_requests: list[WorkloadRequest] = field(default_factory=list)  # as planned
 
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {

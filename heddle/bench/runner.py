@@ -117,7 +117,11 @@ class _Driver:
 
     async def _at_arrival(self, request: WorkloadRequest) -> None:
         # Closed loop without a rate: every arrival time is 0 and the seats set the pace.
-        delay = self.t0 + request.arrival_time - time.perf_counter()
+        arrival = self.t0 + request.arrival_time
+        if self.deadline is not None and arrival >= self.deadline:
+            self.num_not_sent += 1
+            return
+        delay = arrival - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         if self.seats is None:

@@ -69,7 +69,7 @@ class _Add:
 
 @dataclass(slots=True)
 class _Abort:
-    request_id: str
+    request_id: str | None  # None: every request in flight
 
 
 class RequestStream:
@@ -216,6 +216,10 @@ class AsyncEngine:
         """
         self._submit(_Abort(request_id))
 
+    def abort_all(self) -> None:
+        """Abort every request in flight before the next step (e.g. when a drain times out)."""
+        self._submit(_Abort(None))
+
     def _submit(self, command: _Add | _Abort) -> None:
         with self._cond:
             self._commands.append(command)
@@ -264,6 +268,9 @@ class AsyncEngine:
             if isinstance(command, _Add):
                 self._apply_add(command)
                 continue
+            if command.request_id is None:
+                self._abort_all()
+                continue
             final = self.engine.abort_request(command.request_id)
             stream = self._streams.pop(command.request_id, None)
             if stream is not None and final is not None:
@@ -284,7 +291,14 @@ class AsyncEngine:
         command.accepted.set_result(None)
 
     def _check_room(self, num_sequences: int) -> None:
-        """All n sequences of a request fit in the waiting queue, or none is added."""
+        """All n sequences of a request fit in the waiting queue, or none is added.
+
+        (The engine checks the bound per sequence, and could keep the first sequences of a
+        group whose last one does not fit. A single sequence is left to the engine, so that a
+        bad request gets its InvalidRequestError even when the queue is full.)
+        """
+        if num_sequences == 1:
+            return
         bound = self.engine.config.scheduler.max_waiting
         waiting = len(self.engine.scheduler.waiting)
         if bound is not None and waiting + num_sequences > bound:

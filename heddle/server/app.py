@@ -7,9 +7,12 @@ requests finish for up to `shutdown_timeout` seconds, aborts the rest and return
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import signal
+import socket
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, cast
@@ -113,20 +116,41 @@ def run_server(
         max_body_bytes=max_body_bytes,
         shutdown_timeout=shutdown_timeout,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            timeout_graceful_shutdown=max(1, round(shutdown_timeout)),
-            lifespan="on",
-        )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        # A backstop only: _DrainingServer ends the requests itself at shutdown_timeout.
+        timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 5,
+        lifespan="on",
     )
+    server = _DrainingServer(config, async_engine, shutdown_timeout)
     with _signals_end_gracefully():
         server.run()
     async_engine.shutdown(shutdown_timeout)
     return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """On shutdown, give in-flight requests `drain_timeout` seconds, then abort them in the
+    engine: their streams end cleanly (finish_reason "abort", then [DONE]) instead of being
+    cancelled mid-write by uvicorn."""
+
+    def __init__(
+        self, config: uvicorn.Config, async_engine: AsyncEngine, drain_timeout: float
+    ) -> None:
+        super().__init__(config)
+        self.async_engine = async_engine
+        self.drain_timeout = drain_timeout
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.drain_timeout, self.async_engine.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 @contextlib.contextmanager

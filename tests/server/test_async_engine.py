@@ -183,3 +183,19 @@ def test_listeners_get_every_record_once():
 async def _drain(iterator):
     async for _ in iterator:
         pass
+
+
+def test_a_request_with_n_sequences_is_admitted_whole_or_not_at_all():
+    engine = make_engine(max_waiting=2)
+    async_engine = AsyncEngine(engine)
+
+    async def main():
+        with pytest.raises(QueueFullError):
+            await async_engine.add_request("g", [97] * 5, SamplingParams(n=3, max_tokens=2))
+        outputs = [o async for o in async_engine.generate("ok", [97] * 5, GREEDY)]
+        assert outputs[-1].finished
+
+    run(main())
+    async_engine.shutdown()
+    assert not engine.has_unfinished_requests()
+    engine.check_integrity()
