@@ -116,7 +116,7 @@ def run_server(
         max_body_bytes=max_body_bytes,
         shutdown_timeout=shutdown_timeout,
     )
-    config = uvicorn.Config(
+    uvicorn_config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -125,7 +125,7 @@ def run_server(
         timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 5,
         lifespan="on",
     )
-    server = _DrainingServer(config, async_engine, shutdown_timeout)
+    server = _DrainingServer(uvicorn_config, async_engine, shutdown_timeout)
     with _signals_end_gracefully():
         server.run()
     async_engine.shutdown(shutdown_timeout)
