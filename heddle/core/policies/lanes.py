@@ -8,7 +8,9 @@ Each step, while short requests have work, the long lane may take at most `long_
 token budget (a cap: long prefills do not stretch the steps short decodes wait on) and at least
 `long_min_share` of it (a guarantee: long requests always progress); between the two it takes
 what the short lane's demand leaves. When no short request has work, the long lane may take
-the whole budget. The short lane gets whatever the long lane does not use.
+the whole budget. The short lane gets whatever the long lane does not use. A lane's demand is
+what its running requests still have to compute plus the prompts of its waiting requests that
+can get a seat this step.
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ class LanesPolicy(Policy):
         demand = {SHORT_LANE: 0, LONG_LANE: 0}
         for request in view.running:
             demand[self.lane_of(request)] += request.num_uncomputed_tokens
-        for request in view.waiting:
+        # Only the waiting requests that can get a seat this step count: a queue that cannot
+        # be admitted must not hold the long lane back.
+        seats = max(0, view.max_num_seqs - len(view.running))
+        for request in self.order_waiting(view.waiting, view.now)[:seats]:
             demand[self.lane_of(request)] += request.num_tokens
         budget = view.token_budget
         if demand[SHORT_LANE] == 0:

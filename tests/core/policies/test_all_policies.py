@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.core.policies import available_policies
+from heddle.core.policies import available_policies, make_policy
+from heddle.errors import HeddleError
 from tests.core.policies.harness import make_engine, mixed_workload, run
 
 # Options that make each policy's mechanism bite on a small workload.
@@ -43,3 +44,9 @@ def test_mixed_workload_runs_to_completion(policy: str, seed: int) -> None:
     engine.check_integrity()
     assert engine.kv_cache.num_used_blocks == 0
     assert not engine.scheduler.waiting and not engine.scheduler.running
+
+
+@pytest.mark.parametrize("policy", available_policies())
+def test_unknown_options_are_a_clear_error(policy: str) -> None:
+    with pytest.raises(HeddleError, match=f"bad options for policy '{policy}'"):
+        make_policy(policy, no_such_option=1)

@@ -84,3 +84,13 @@ def test_long_generations_move_to_the_long_lane():
         request.append_output_token(7)
     assert lanes == ["short", "short", "short", "long"]
     assert policy.lane_of(create_request("p", prompt_len=100)) == "long"
+
+
+def test_short_requests_without_a_seat_do_not_hold_the_long_lane_back():
+    policy = make_policy("lanes", long_prompt_tokens=500)
+    long = create_request("l", prompt_len=2000)
+    waiting = [create_request("s", prompt_len=50, first_token=3000)]
+    seats_full = SchedulerView(0.0, [long], waiting, 400, 1, 1000, 1000, 16)
+    assert policy.step_limits(seats_full).lane_budgets == {"short": 0, "long": 400}
+    seat_free = SchedulerView(0.0, [long], waiting, 400, 2, 1000, 1000, 16)
+    assert policy.step_limits(seat_free).lane_budgets == {"short": 300, "long": 100}

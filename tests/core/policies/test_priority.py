@@ -83,3 +83,15 @@ def test_without_aging_the_low_priority_request_runs_last():
     records = stream_with_one_low_priority_request(aging_seconds=1000.0)
     low = records.pop("low")
     assert all(r.finish_time <= low.first_scheduled_time for r in records.values())
+
+
+def test_high_priority_arrival_preempts_low_priority_when_blocks_are_short():
+    # 5 blocks of 4 tokens: low holds 3 of them; high's 12-token prompt needs 3.
+    sched = create_scheduler(policy="priority", num_blocks=5, max_num_seqs=8)
+    sched.add_request(create_request("low", prompt_len=10, max_tokens=4, priority=1))
+    out = sched.schedule()
+    sched.update(out, sample_all(out))
+    sched.add_request(create_request("high", prompt_len=12, priority=0, first_token=300))
+    out = sched.schedule()
+    assert scheduled(out) == {"high": 12}
+    assert out.preempted_request_ids == ["low"]
