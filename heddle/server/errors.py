@@ -115,27 +115,34 @@ def _field_path(error: Any) -> list[str]:
     return [str(part) for part in error.get("loc", ()) if part != "body"]
 
 
+def _respond(request: Request, error: APIError) -> JSONResponse:
+    """The error response, counted in /metrics by status."""
+    state = getattr(request.app.state, "heddle", None)
+    if state is not None:
+        state.metrics.http_errors.labels(str(error.status_code)).inc()
+    return error.response()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
-        return exc.response()
+        return _respond(request, exc)
 
     async def validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return _validation_error(exc).response()
+        return _respond(request, _validation_error(exc))
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        error = APIError(exc.status_code, str(exc.detail), code=code)
-        return error.response()
+        return _respond(request, APIError(exc.status_code, str(exc.detail), code=code))
 
     async def heddle_error(request: Request, exc: Exception) -> JSONResponse:
-        return from_engine_error(exc).response()
+        return _respond(request, from_engine_error(exc))
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.error("unhandled error on %s", request.url.path, exc_info=exc)
-        return APIError(500, "internal server error", type="server_error").response()
+        return _respond(request, APIError(500, "internal server error", type="server_error"))
 
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)

@@ -56,10 +56,7 @@ async def submit(
         for stream in streams:
             state.engine.abort(stream.request_id)
         if isinstance(e, Exception):
-            error = from_engine_error(e)
-            if error.status_code == 429:
-                state.metrics.rejected.labels("429").inc()
-            raise error from e
+            raise from_engine_error(e) from e
         raise
     return streams
 

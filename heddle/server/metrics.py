@@ -122,9 +122,9 @@ class ServerMetrics:
         self.generation_tokens = Counter(
             "heddle_generation_tokens", "Output tokens of finished sequences.", registry=r
         )
-        self.rejected = Counter(
-            "heddle_requests_rejected",
-            "HTTP requests answered with an error before reaching the engine's queue.",
+        self.http_errors = Counter(
+            "heddle_http_errors",
+            "HTTP requests answered with an error (bad input, queue full, ...), by status.",
             ["status"],
             registry=r,
         )

@@ -214,3 +214,20 @@ def test_metrics_after_traffic(server):
     )
     assert float(count.split()[-1]) >= 10
     assert 'heddle_requests_finished_total{finish_reason="abort"}' in text
+
+
+def test_a_batch_of_prompts(client, model):
+    prompts = ["One, two,", "Red, green,"]
+    kwargs = dict(model=model, prompt=prompts, max_tokens=3, n=2, temperature=0)
+    batch = client.completions.create(**kwargs, extra_body={"ignore_eos": True})
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert batch.usage.completion_tokens == 12
+    single = client.completions.create(
+        model=model, prompt=prompts[1], max_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert batch.choices[2].text == single.choices[0].text
+    texts = {}
+    for chunk in client.completions.create(**kwargs, stream=True, extra_body={"ignore_eos": True}):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert sorted(texts) == [0, 1, 2, 3] and texts[2] == single.choices[0].text

@@ -72,7 +72,7 @@ def test_burst_completes_or_gets_429_and_the_pool_stays_whole(server):
             assert body["finish_reason"] == "length"
     server.assert_pool_whole()
     metrics = httpx.get(f"{server.base_url}/metrics").text
-    assert f'heddle_requests_rejected_total{{status="429"}} {statuses.count(429)}.0' in metrics
+    assert f'heddle_http_errors_total{{status="429"}} {statuses.count(429)}.0' in metrics
 
 
 def test_the_server_serves_normally_after_the_burst(server):
