@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from heddle.bench import add_arguments, parse_slo, run_bench
+from heddle.bench import add_arguments, parse_slo, run_bench, run_from_args
 from heddle.bench.client import api_root, parse_key_values
 from heddle.bench.prompts import prompt_for, text_prompt
 from heddle.bench.stream import spread_times
@@ -97,3 +97,26 @@ def test_max_duration_cuts_the_run_short(fake_server):
     assert result.wall_time < 2.0
     assert result.summary.overall.num_failed == 1
     fake_server.assert_pool_whole()  # the cut-off request was aborted on the server
+
+
+def test_run_from_args_prints_and_writes(fake_server, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--base-url", fake_server.base_url,
+            "--workload", "random",
+            "--workload-option", "input_len=16",
+            "--workload-option", "output_len=3",
+            "--num-requests", "4",
+            "--concurrency", "2",
+            "--vocab-size", "1000",
+            "--slo", "ttft=5,tpot=1",
+            "--output-dir", str(tmp_path),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    assert run_from_args(args) == 0
+    out = capsys.readouterr().out
+    assert "4 completed, 0 failed" in out and "goodput" in out
+    assert (tmp_path / "bench.json").is_file() and (tmp_path / "bench_cdf.png").is_file()
