@@ -11,12 +11,21 @@ class Clock(Protocol):
         """Seconds since an arbitrary origin; monotone."""
         ...
 
+    def wait_until(self, t: float) -> None:
+        """Let time pass until `t`: a wall clock sleeps, a virtual clock jumps."""
+        ...
+
 
 class WallClock:
     """Monotonic wall time in seconds."""
 
     def now(self) -> float:
         return time.monotonic()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
 
 
 class VirtualClock:
@@ -32,6 +41,10 @@ class VirtualClock:
         if seconds < 0:
             raise ValueError(f"cannot move a clock backwards by {seconds}s")
         self._now += seconds
+
+    def wait_until(self, t: float) -> None:
+        if t > self._now:
+            self._now = t
 
     def advance_to(self, t: float) -> None:
         if t < self._now:

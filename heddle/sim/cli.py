@@ -146,7 +146,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(
         f"{len(result.records)} requests, {len(result.rejected)} rejected, "
         f"{result.num_steps} steps, {result.num_preemptions} preemptions, "
-        f"{result.virtual_seconds:.1f} s simulated in "
+        f"{result.elapsed:.1f} s simulated in "
         f"{result.wall_seconds:.1f} s wall ({result.requests_per_wall_second:.0f} requests/s)"
     )
     if steps:
@@ -175,7 +175,7 @@ def _write_outputs(args: argparse.Namespace, workload: Any, result: Any, summary
         "summary": summary.to_dict(),
         "num_steps": result.num_steps,
         "num_preemptions": result.num_preemptions,
-        "virtual_seconds": result.virtual_seconds,
+        "elapsed": result.elapsed,
         "wall_seconds": result.wall_seconds,
         "rejected": result.rejected,
         "records": [record_to_dict(r) for r in result.records],

@@ -8,8 +8,8 @@ from heddle.clock import VirtualClock, WallClock
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.engine.engine import Engine
+from heddle.engine.replay import replay
 from heddle.metrics import summarize
-from heddle.request import SamplingParams
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.simulator import SIM_EOS_TOKEN_ID, simulate
@@ -60,32 +60,16 @@ def config() -> EngineConfig:
 
 
 def run_wall_clock(workload: Workload, cost: CostModel) -> list[list[str]]:
-    clock = WallClock()
+    """The same replay loop the simulator uses, on a wall clock with a sleeping executor."""
     engine = Engine(
         config(),
         SleepingExecutor(cost),
         num_blocks=64,
-        clock=clock,
+        clock=WallClock(),
         eos_token_id=SIM_EOS_TOKEN_ID,
         vocab_size=VOCAB,
     )
-    pending = list(workload.requests)
-    start = clock.now()
-    while pending or engine.has_unfinished_requests():
-        elapsed = clock.now() - start
-        while pending and pending[0].arrival_time <= elapsed:
-            r = pending.pop(0)
-            engine.add_request(
-                r.request_id,
-                list(r.prompt_ids(VOCAB)),
-                SamplingParams(max_tokens=r.output_len),
-                arrival_time=start + r.arrival_time,
-                true_output_len=r.output_len,
-            )
-        if engine.has_unfinished_requests():
-            engine.step()
-        elif pending:
-            time.sleep(max(0.0, pending[0].arrival_time - (clock.now() - start)))
+    replay(engine, workload, vocab_size=VOCAB)
     return [s.request_ids for s in engine.step_stats]
 
 

@@ -37,7 +37,7 @@ def test_idle_engine_jumps_to_next_arrival():
     assert record.first_scheduled_time == 5.0
     assert record.ttft == pytest.approx(STEP)
     assert record.e2e == pytest.approx(2 * STEP)
-    assert result.virtual_seconds == pytest.approx(5.0 + 2 * STEP)
+    assert result.elapsed == pytest.approx(5.0 + 2 * STEP)
 
 
 def test_arrival_at_a_step_end_joins_the_next_step():

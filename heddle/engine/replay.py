@@ -1,0 +1,154 @@
+"""Drive an Engine with a workload: the event loop shared by the simulator and real replays.
+
+Events are request arrivals, step ends and (for agent workloads) tool returns, which are just
+arrivals caused by a finished call:
+
+    admit every arrival with time <= now          (ties: arrivals at a step's end join the
+    if anything is unfinished: engine.step()       next step, in workload order)
+    else: clock.wait_until(next arrival)
+
+With a VirtualClock and a SimulatedExecutor this is the simulator (the executor advances the
+clock by its cost model's step time; waiting jumps). With a WallClock and the ModelExecutor it
+replays the same arrivals on the real model in real time (waiting sleeps). Same code, so a
+simulated result is a statement about the real system.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+from heddle.engine.engine import Engine
+from heddle.errors import HeddleError
+from heddle.metrics.record import RequestRecord
+from heddle.metrics.steps import StepStat
+from heddle.request import SamplingParams
+from heddle.workloads import Workload, WorkloadRequest
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    records: list[RequestRecord]
+    step_stats: list[StepStat]
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
+    start_time: float = 0.0  # the engine clock's time of the workload's t=0
+    elapsed: float = 0.0  # engine-clock seconds from start to the last finish
+    wall_seconds: float = 0.0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_blocks: int = 0
+    engine: Engine | None = None
+
+    @property
+    def requests_per_wall_second(self) -> float:
+        return len(self.records) / self.wall_seconds if self.wall_seconds else 0.0
+
+
+def replay(
+    engine: Engine,
+    workload: Workload,
+    *,
+    vocab_size: int,
+    temperature: float = 0.0,
+    progress: bool = False,
+) -> ReplayResult:
+    """Run every request of `workload` through `engine` at its arrival time (engine clock)."""
+    clock = engine.clock
+    start = clock.now()
+    # (arrival time, order of creation, request): ties between equal times keep workload order.
+    events: list[tuple[float, int, WorkloadRequest]] = [
+        (start + r.arrival_time, i, r) for i, r in enumerate(workload.requests)
+    ]
+    heapq.heapify(events)
+    next_order = len(events)
+    in_flight: dict[str, tuple[WorkloadRequest, list[int]]] = {}
+    result = ReplayResult(records=[], step_stats=[], start_time=start, engine=engine)
+    bar = _Progress(len(workload.flat())) if progress else None
+    wall_start = time.perf_counter()
+    records_before = len(engine.finished_records)
+
+    while events or engine.has_unfinished_requests():
+        now = clock.now()
+        while events and events[0][0] <= now:
+            arrival, _, request = heapq.heappop(events)
+            prompt_ids = list(request.prompt_ids(vocab_size))
+            try:
+                engine.add_request(
+                    request.request_id,
+                    prompt_ids,
+                    SamplingParams(
+                        max_tokens=request.output_len, temperature=temperature, ignore_eos=True
+                    ),
+                    arrival_time=arrival,
+                    priority=request.priority,
+                    user=request.user,
+                    request_class=request.request_class,
+                    ttft_slo=request.ttft_slo,
+                    tpot_slo=request.tpot_slo,
+                    true_output_len=request.output_len,
+                )
+            except HeddleError as exc:
+                result.rejected.append((request.request_id, str(exc)))
+                continue
+            in_flight[request.request_id] = (request, prompt_ids)
+        if not engine.has_unfinished_requests():
+            if events:
+                clock.wait_until(events[0][0])
+            continue
+        steps_before = engine.num_steps
+        outputs = engine.step()
+        if engine.num_steps == steps_before:
+            if not events:
+                raise RuntimeError("the scheduler can run nothing and no event is pending")
+            clock.wait_until(events[0][0])
+            continue
+        for output in outputs:
+            if not output.finished:
+                continue
+            request, prompt_ids = in_flight.pop(output.request_id)
+            if bar is not None:
+                bar.advance()
+            record = output.metrics
+            if workload.is_agent and record is not None and record.finish_time is not None:
+                follow_up = workload.next_request(
+                    request,
+                    record.finish_time - start,
+                    vocab_size=vocab_size,
+                    prompt_token_ids=prompt_ids,
+                    output_token_ids=output.outputs[0].token_ids,
+                )
+                if follow_up is not None:
+                    heapq.heappush(
+                        events, (start + follow_up.arrival_time, next_order, follow_up)
+                    )
+                    next_order += 1
+
+    if bar is not None:
+        bar.close()
+    result.wall_seconds = time.perf_counter() - wall_start
+    result.records = engine.finished_records[records_before:]
+    result.step_stats = engine.step_stats
+    result.elapsed = clock.now() - start
+    result.num_steps = engine.num_steps
+    result.num_preemptions = engine.scheduler.num_preemptions
+    result.num_blocks = engine.kv_cache.num_blocks
+    engine.check_integrity()
+    return result
+
+
+class _Progress:
+    """A rich progress bar over finished requests."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import Progress
+
+        self._progress = Progress()
+        self._task = self._progress.add_task("requests", total=total)
+        self._progress.start()
+
+    def advance(self) -> None:
+        self._progress.update(self._task, advance=1)
+
+    def close(self) -> None:
+        self._progress.stop()
