@@ -66,14 +66,9 @@ class ModelExecutor:
     # -- what the engine reads ---------------------------------------------------------------
 
     @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            raise HeddleError(f"model {self.model_name} has no tokenizer; pass token ids")
+    def tokenizer(self) -> Tokenizer | None:
+        """None for a Hugging Face directory without tokenizer.json (token ids only)."""
         return self._tokenizer
-
-    @property
-    def has_tokenizer(self) -> bool:
-        return self._tokenizer is not None
 
     @property
     def eos_token_id(self) -> int | None:

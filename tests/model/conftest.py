@@ -1,0 +1,40 @@
+"""Shared, session-scoped fixtures: the embedded SmolLM2 model, ours and transformers'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from heddle.config import CacheConfig, ModelConfig
+from heddle.model.executor import ModelExecutor
+from heddle.model.registry import default_model_path
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smol_executor() -> ModelExecutor:
+    return ModelExecutor(ModelConfig(dtype="float32"), CacheConfig(block_size=16, num_blocks=512))
+
+
+@pytest.fixture(scope="session")
+def hf_smol_model(gguf_path: Path):  # -> transformers LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    model.generation_config.eos_token_id = None  # compare full-length continuations
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smol_tokenizer(gguf_path: Path):  # -> transformers tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)

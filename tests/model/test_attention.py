@@ -1,0 +1,78 @@
+"""paged_attention vs dense causal attention, on random data and scrambled block tables."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from heddle.model.attention import build_attention_metadata, paged_attention
+
+NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 3, 8, 4, 64
+
+
+def dense_attention(q, k, v, start, window=None):
+    """q [T, H, D] at positions start.., k/v [start + T, KVH, D] -> [T, H * D]."""
+    num_tokens = q.shape[0]
+    context = k.shape[0]
+    keys = k.repeat_interleave(GROUP, dim=1).transpose(0, 1)  # [H, ctx, D]
+    values = v.repeat_interleave(GROUP, dim=1).transpose(0, 1)
+    query_pos = torch.arange(start, start + num_tokens).unsqueeze(1)
+    key_pos = torch.arange(context).unsqueeze(0)
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)
+    return out.transpose(0, 1).reshape(num_tokens, -1)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_mixed_decode_and_prefill_step_matches_dense(window):
+    torch.manual_seed(0)
+    # (cached tokens, new tokens) per request: decodes, a fresh prefill, chunks after a prefix
+    requests = [(9, 1), (0, 1), (23, 1), (0, 7), (12, 5), (3, 1), (16, 16)]
+    free = list(torch.randperm(NUM_BLOCKS).tolist())
+    k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    v_cache = torch.zeros_like(k_cache)
+    histories, tables = [], []
+    for cached, new in requests:
+        total = cached + new
+        table = [free.pop() for _ in range((total + BLOCK_SIZE - 1) // BLOCK_SIZE)]
+        k_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM)
+        v_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM)
+        for pos in range(cached):  # the prefix is already in the cache
+            block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            k_cache[block, offset], v_cache[block, offset] = k_all[pos], v_all[pos]
+        histories.append((k_all, v_all))
+        tables.append(table)
+    decodes = [i for i, (_, new) in enumerate(requests) if new == 1]
+    prefills = [i for i, (_, new) in enumerate(requests) if new > 1]
+    order = decodes + prefills
+    metadata, positions = build_attention_metadata(
+        decode_positions=[requests[i][0] for i in decodes],
+        decode_block_tables=[tables[i] for i in decodes],
+        prefill_starts=[requests[i][0] for i in prefills],
+        prefill_lengths=[requests[i][1] for i in prefills],
+        prefill_block_tables=[tables[i] for i in prefills],
+        block_size=BLOCK_SIZE, group=GROUP, sliding_window=window, device=torch.device("cpu"),
+    )
+    q = torch.randn(sum(requests[i][1] for i in order), NUM_KV_HEADS * GROUP, HEAD_DIM)
+    k_new = torch.cat([histories[i][0][requests[i][0]:] for i in order])
+    v_new = torch.cat([histories[i][1][requests[i][0]:] for i in order])
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, metadata, HEAD_DIM ** -0.5)
+
+    expected_positions = [p for i in order for p in range(requests[i][0], sum(requests[i]))]
+    assert positions.tolist() == expected_positions
+    row = 0
+    for i in order:
+        cached, new = requests[i]
+        expected = dense_attention(q[row:row + new], *histories[i], cached, window)
+        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        row += new
+    # The new K/V landed in their slots.
+    for i in order:
+        cached, new = requests[i]
+        for pos in range(cached, cached + new):
+            block, offset = tables[i][pos // BLOCK_SIZE], pos % BLOCK_SIZE
+            assert torch.equal(k_cache[block, offset], histories[i][0][pos])
+            assert torch.equal(v_cache[block, offset], histories[i][1][pos])
