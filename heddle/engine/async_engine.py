@@ -222,6 +222,10 @@ class AsyncEngine:
 
     def _submit(self, command: _Add | _Abort) -> None:
         with self._cond:
+            if self._stopping:  # the loop is gone or going: nothing will read the queue
+                if isinstance(command, _Add):
+                    command.accepted.set_exception(EngineDeadError("the engine is not running"))
+                return
             self._commands.append(command)
             self._cond.notify()
 
