@@ -6,6 +6,26 @@ import argparse
 
 
 def register_all(sub: argparse._SubParsersAction) -> None:
+    from heddle.bench.client import add_arguments as add_bench_arguments
+    from heddle.bench.client import run_from_args as run_bench
+    from heddle.server.args import add_arguments as add_serve_arguments
+    from heddle.server.args import run_from_args as run_serve
+
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible API (binds 127.0.0.1)")
+    add_serve_arguments(p)
+    p.set_defaults(func=run_serve)
+
+    bench = sub.add_parser("bench", help="load-test an OpenAI-compatible server")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    p = bench_sub.add_parser(
+        "serve",
+        help="measure any OpenAI-compatible server (heddle, llama-server, vLLM, ...)",
+        description="Send a workload to a server's /v1/completions, streaming, open or closed "
+        "loop; report TTFT, TPOT, ITL, E2E per request class, throughput and goodput.",
+    )
+    add_bench_arguments(p)
+    p.set_defaults(func=run_bench)
+
     from heddle.sim.cli import (
         add_profile_arguments,
         add_simulate_arguments,
