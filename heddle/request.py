@@ -111,11 +111,19 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     record: RequestRecord = field(init=False)
+    # The output length at which the request stops for length (max_tokens or the context).
+    max_output_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise InvalidRequestError("the prompt must contain at least one token", "prompt")
         self.all_token_ids = list(self.prompt_token_ids)
+        limits = [1 << 62]
+        if self.sampling_params.max_tokens is not None:
+            limits.append(self.sampling_params.max_tokens)
+        if self.max_model_len is not None:
+            limits.append(self.max_model_len - len(self.prompt_token_ids))
+        self.max_output_tokens = min(limits)
         self.record = RequestRecord(
             request_id=self.request_id,
             arrival_time=self.arrival_time,
@@ -146,15 +154,6 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    @property
-    def max_output_tokens(self) -> int:
-        """The output length at which the request stops for length."""
-        limits = []
-        if self.sampling_params.max_tokens is not None:
-            limits.append(self.sampling_params.max_tokens)
-        if self.max_model_len is not None:
-            limits.append(self.max_model_len - self.num_prompt_tokens)
-        return min(limits) if limits else 1 << 62
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

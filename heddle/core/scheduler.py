@@ -296,12 +296,13 @@ class Scheduler:
     @staticmethod
     def _stop_reason(request: Request, token_id: int) -> tuple[FinishReason | None, int | None]:
         params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
+        num_output = len(request.output_token_ids)
+        if num_output >= params.min_tokens:
             if token_id == request.eos_token_id and not params.ignore_eos:
                 return FinishReason.STOP, None
-            if token_id in params.stop_token_ids:
+            if params.stop_token_ids and token_id in params.stop_token_ids:
                 return FinishReason.STOP, token_id
-        if request.num_output_tokens >= request.max_output_tokens:
+        if num_output >= request.max_output_tokens:
             return FinishReason.LENGTH, None
         return None, None
 

@@ -38,7 +38,8 @@ class _Sequence:
     index: int
     detokenizer: IncrementalDetokenizer | None
     logprobs: list[TokenLogprobs] | None
-    num_sent_tokens: int = 0
+    num_sent_tokens: int = 0  # output tokens already handed out in a RequestOutput
+    num_detokenized: int = 0  # output tokens already given to the detokenizer
 
 
 @dataclass(slots=True)
@@ -252,12 +253,12 @@ class Engine:
         touched: dict[str, _Group] = {}
         for request in updated:
             group, sequence = self._sequences[request.request_id]
-            new_ids = request.output_token_ids[sequence.num_sent_tokens :]
             if sequence.logprobs is not None:
                 sequence.logprobs.extend(executor_output.logprobs.get(request.request_id, ()))
             detokenizer = sequence.detokenizer
             if detokenizer is not None:
-                detokenizer.add_tokens(new_ids)
+                detokenizer.add_tokens(request.output_token_ids[sequence.num_detokenized :])
+                sequence.num_detokenized = request.num_output_tokens
                 if detokenizer.stop_hit is not None and not request.is_finished:
                     self.scheduler.finish_request(
                         request.request_id, FinishReason.STOP, detokenizer.stop_hit

@@ -66,16 +66,22 @@ class SimulatedExecutor:
             and index + 1 >= scheduled.true_output_len
         ):
             return scheduled.eos_token_id
-        avoid = set(scheduled.sampling_params.stop_token_ids)
-        if scheduled.eos_token_id is not None:
-            avoid.add(scheduled.eos_token_id)
-        if sum(1 for t in avoid if 0 <= t < self.vocab_size) == self.vocab_size:
+        stop_ids = scheduled.sampling_params.stop_token_ids
+        eos = scheduled.eos_token_id
+        request_hash = zlib.crc32(scheduled.request_id.encode())
+        state = _mix64((self.seed << 32) ^ request_hash) ^ index
+        # One hash per token on the hot path; redraw only on the rare hit of a stopping id.
+        for _ in range(64):
+            state = _mix64(state)
+            token = state % self.vocab_size
+            if token != eos and token not in stop_ids:
+                return token
+        avoid = {*stop_ids, eos}
+        if sum(1 for t in avoid if t is not None and 0 <= t < self.vocab_size) == self.vocab_size:
             raise ValueError(
                 f"every token of the {self.vocab_size}-token vocabulary stops request "
                 f"{scheduled.request_id}"
             )
-        request_hash = zlib.crc32(scheduled.request_id.encode())
-        state = _mix64((self.seed << 32) ^ request_hash) ^ index
         while True:
             state = _mix64(state)
             token = state % self.vocab_size
