@@ -13,53 +13,76 @@ from heddle.errors import HeddleError
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared by every command that runs the real engine (mirror the config fields)."""
-    g = parser.add_argument_group("engine")
-    g.add_argument(
+    """Flags shared by every command that runs the real engine (they mirror the config fields)."""
+    m = parser.add_argument_group("model")
+    m.add_argument(
         "--model",
         default=None,
         help="GGUF file or HF model directory (default: embedded SmolLM2-135M-Instruct)",
     )
-    g.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
-    g.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument(
-        "--num-blocks", type=int, default=None, help="KV blocks (default: from --kv-cache-gb)"
-    )
-    g.add_argument("--kv-cache-gb", type=float, default=1.0, dest="kv_cache_memory_gb")
-    g.add_argument("--no-prefix-caching", action="store_false", dest="enable_prefix_caching")
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--policy", default="fcfs", help="scheduling policy (see `heddle policies`)")
-    g.add_argument(
+    m.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
+    m.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    m.add_argument("--max-model-len", type=int, default=None, help="context length cap")
+    m.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    m.add_argument("--seed", type=int, default=0)
+    s = parser.add_argument_group("scheduler and KV cache")
+    s.add_argument("--policy", default="fcfs", help="scheduling policy (see `heddle policies`)")
+    s.add_argument(
         "--policy-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="policy option; repeatable (values parsed as JSON when they can be)",
+        help="an option of the policy (repeatable; values parsed as JSON or Python literals)",
     )
-    g.add_argument("--max-waiting", type=int, default=None, help="bound on the waiting queue")
-    g.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-num-seqs", type=int, default=64, help="cap on running requests")
+    s.add_argument(
+        "--max-num-batched-tokens", type=int, default=512, help="token budget of one step"
+    )
+    s.add_argument(
+        "--max-waiting",
+        type=int,
+        default=None,
+        help="bound on the waiting queue; beyond it requests are refused (HTTP 429)",
+    )
+    s.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=None,
+        help="longest prefill chunk of one request in a step",
+    )
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    s.add_argument(
+        "--num-blocks",
+        type=int,
+        default=None,
+        help="KV blocks (default: from --kv-cache-memory-gb)",
+    )
+    s.add_argument("--kv-cache-memory-gb", type=float, default=1.0)
+    s.add_argument("--no-prefix-caching", action="store_false", dest="enable_prefix_caching")
 
 
 def parse_policy_options(items: Sequence[str]) -> dict[str, object]:
+    """["aging_seconds=0.5", "ttft={'short': 1.0}", "mode=x"] -> typed values (strings kept)."""
+    import ast
     import json
 
     options: dict[str, object] = {}
     for item in items:
-        key, sep, value = item.partition("=")
+        key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise HeddleError(f"--policy-option expects KEY=VALUE, got {item!r}")
+            raise HeddleError(f"--policy-option wants KEY=VALUE, got {item!r}")
         try:
-            options[key] = json.loads(value)
+            options[key] = json.loads(raw)
         except json.JSONDecodeError:
-            options[key] = value
+            try:
+                options[key] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                options[key] = raw
     return options
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """LLM(...) / build_config(...) keyword arguments from the flags above."""
     return {
         "model": args.model,
         "seed": args.seed,
@@ -76,6 +99,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "policy": args.policy,
         "policy_options": parse_policy_options(args.policy_option),
         "max_waiting": args.max_waiting,
+        "long_prefill_token_threshold": args.long_prefill_token_threshold,
     }
 
 
