@@ -9,7 +9,7 @@ import torch
 from heddle.config import CacheConfig, ModelConfig
 from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
 from heddle.errors import HeddleError
-from heddle.model.attention import build_attention_metadata
+from heddle.model.attention_metadata import build_attention_metadata
 from heddle.model.device import resolve_device, resolve_dtype
 from heddle.model.llama import LlamaForCausalLM
 from heddle.model.loader import load_model
@@ -21,8 +21,8 @@ from heddle.model.tokenizer import Tokenizer
 class ModelExecutor:
     """Owns the network, the paged KV cache and the sampler.
 
-    The KV cache of layer i is `kv_caches[i] = (K, V)`, each
-    [num_blocks, block_size, num_kv_heads, head_dim] in the model's dtype.
+    The KV cache of layer i is `kv_caches[i]`: [2 (K, V), num_kv_heads, num_blocks, block_size,
+    head_dim] in the model's dtype (see heddle.model.attention for the layout).
     """
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
@@ -54,13 +54,10 @@ class ModelExecutor:
             self.num_blocks = int(cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
             if self.num_blocks < 1:
                 raise HeddleError("kv_cache_memory_gb is too small for one KV block")
-        shape = (self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        shape = (2, spec.num_kv_heads, self.num_blocks, self.block_size, spec.head_dim)
         # Zeros, not empty: padded gathers read unused slots (masked, but NaN * 0 is NaN).
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(spec.num_layers)
-        ]
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(spec.num_layers)]
         self.sampler = Sampler(self.device)
 
     # -- what the engine reads ---------------------------------------------------------------
@@ -93,11 +90,13 @@ class ModelExecutor:
     ) -> tuple[list[ScheduledRequest], torch.Tensor, torch.Tensor]:
         """Run the network on the step's tokens.
 
-        Returns the requests in the order their tokens were laid out (single-token rows
-        first: they share one batched attention call), the float32 logits of the sampling
-        rows [num_sampling, vocab], and the index of each sampling row's token.
+        Returns the requests in the order their tokens were laid out, the float32 logits of
+        the sampling rows [num_sampling, vocab], and the index of each sampling row's token.
+        Single-token rows come first, longest context first: they attend in batched groups of
+        similar length.
         """
-        decodes = [s for s in scheduled if len(s.token_ids) == 1]
+        decodes = sorted((s for s in scheduled if len(s.token_ids) == 1),
+                         key=lambda s: s.start_position, reverse=True)
         prefills = [s for s in scheduled if len(s.token_ids) > 1]
         ordered = decodes + prefills
         input_ids = torch.tensor([t for s in ordered for t in s.token_ids], dtype=torch.int64)
@@ -108,8 +107,10 @@ class ModelExecutor:
             prefill_lengths=[len(s.token_ids) for s in prefills],
             prefill_block_tables=[s.block_table for s in prefills],
             block_size=self.block_size,
+            num_kv_heads=self.spec.num_kv_heads,
             group=self.spec.num_heads // self.spec.num_kv_heads,
             sliding_window=self.spec.sliding_window,
+            dtype=self.dtype,
             device=self.device,
         )
         hidden = self.model.forward(input_ids.to(self.device), positions, self.kv_caches, metadata)

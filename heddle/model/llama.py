@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from heddle.errors import ModelLoadError
-from heddle.model.attention import AttentionMetadata, paged_attention
+from heddle.model.attention import GatherBuffer, paged_attention
+from heddle.model.attention_metadata import AttentionMetadata
 from heddle.model.layers import Linear, RotaryEmbedding, rms_norm, rope_inv_freq
 from heddle.model.spec import ModelSpec
 
@@ -56,24 +57,24 @@ class DecoderLayer:
         cos: torch.Tensor,  # [T, 1, D]
         sin: torch.Tensor,  # [T, 1, D]
         rope: RotaryEmbedding,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv_cache: torch.Tensor,  # [2, KVH, num_blocks, block_size, D]
         metadata: AttentionMetadata,
+        gather_buffer: GatherBuffer,
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = hidden.shape[0]
         x = rms_norm(hidden, self.input_norm, spec.rms_norm_eps)
         qkv = self.qkv_proj(x)  # [T, (H + 2 KVH) * D]
-        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=1)
-        q = q.view(num_tokens, spec.num_heads, spec.head_dim)
-        k = k.view(num_tokens, spec.num_kv_heads, spec.head_dim)
+        qk, v = qkv.split([spec.q_size + spec.kv_size, spec.kv_size], dim=1)
+        qk = qk.view(num_tokens, spec.num_heads + spec.num_kv_heads, spec.head_dim)
         v = v.view(num_tokens, spec.num_kv_heads, spec.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q = rms_norm(q, self.q_norm, spec.rms_norm_eps)
-            k = rms_norm(k, self.k_norm, spec.rms_norm_eps)
-        q = rope.apply(q, cos, sin)
-        k = rope.apply(k, cos, sin)
-        attn = paged_attention(q, k, v, k_cache, v_cache, metadata, self.scale)  # [T, H * D]
+            q, k = qk.split([spec.num_heads, spec.num_kv_heads], dim=1)
+            qk = torch.cat([rms_norm(q, self.q_norm, spec.rms_norm_eps),
+                            rms_norm(k, self.k_norm, spec.rms_norm_eps)], dim=1)
+        qk = rope.apply(qk, cos, sin)  # q and k heads rotated together
+        q, k = qk.split([spec.num_heads, spec.num_kv_heads], dim=1)
+        attn = paged_attention(q, k, v, kv_cache, metadata, self.scale, gather_buffer)
         hidden = hidden + self.o_proj(attn)
         x = rms_norm(hidden, self.post_attention_norm, spec.rms_norm_eps)
         gate, up = self.gate_up_proj(x).chunk(2, dim=1)
@@ -107,6 +108,7 @@ class LlamaForCausalLM:
         self.lm_head = Linear(lm_head.to(device=device, dtype=dtype))
         inv_freq = rope_inv_freq(spec, weights.pop("rope_freqs", None))
         self.rope = RotaryEmbedding(inv_freq, max_positions, dtype, device)
+        self.gather_buffer = GatherBuffer(dtype, device)  # reused by every layer and step
         unused = sorted(k for k in weights if k.startswith("model.layers.") and "rotary" not in k)
         if unused:  # e.g. MLP biases: refuse rather than silently compute something else
             raise ModelLoadError(f"unsupported weights in checkpoint: {', '.join(unused[:3])}")
@@ -115,14 +117,15 @@ class LlamaForCausalLM:
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (K, V)
+        kv_caches: list[torch.Tensor],  # per layer [2, KVH, num_blocks, block_size, D]
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the last layer (before the final norm): [T, hidden]."""
         hidden = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope.tables(positions)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            hidden = layer.forward(hidden, cos, sin, self.rope, k_cache, v_cache, metadata)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer.forward(hidden, cos, sin, self.rope, kv_cache, metadata,
+                                   self.gather_buffer)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

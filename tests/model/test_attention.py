@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from heddle.model.attention import build_attention_metadata, paged_attention
+from heddle.model.attention import paged_attention
+from heddle.model.attention_metadata import build_attention_metadata, split_decode_groups
 
-NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 3, 8, 4, 64
+NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 3, 8, 4, 128
 
 
 def dense_attention(q, k, v, start, window=None):
@@ -30,10 +33,10 @@ def dense_attention(q, k, v, start, window=None):
 def test_mixed_decode_and_prefill_step_matches_dense(window):
     torch.manual_seed(0)
     # (cached tokens, new tokens) per request: decodes, a fresh prefill, chunks after a prefix
-    requests = [(9, 1), (0, 1), (23, 1), (0, 7), (12, 5), (3, 1), (16, 16)]
+    requests = [(9, 1), (0, 1), (23, 1), (0, 7), (12, 5), (3, 1), (16, 16), (150, 1), (2, 1)]
     free = list(torch.randperm(NUM_BLOCKS).tolist())
-    k_cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    v_cache = torch.zeros_like(k_cache)
+    kv_cache = torch.zeros(2, NUM_KV_HEADS, NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]  # [KVH, blocks, block_size, D]
     histories, tables = [], []
     for cached, new in requests:
         total = cached + new
@@ -42,10 +45,11 @@ def test_mixed_decode_and_prefill_step_matches_dense(window):
         v_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM)
         for pos in range(cached):  # the prefix is already in the cache
             block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
-            k_cache[block, offset], v_cache[block, offset] = k_all[pos], v_all[pos]
+            k_cache[:, block, offset], v_cache[:, block, offset] = k_all[pos], v_all[pos]
         histories.append((k_all, v_all))
         tables.append(table)
-    decodes = [i for i, (_, new) in enumerate(requests) if new == 1]
+    decodes = sorted((i for i, (_, new) in enumerate(requests) if new == 1),
+                     key=lambda i: -requests[i][0])
     prefills = [i for i, (_, new) in enumerate(requests) if new > 1]
     order = decodes + prefills
     metadata, positions = build_attention_metadata(
@@ -54,12 +58,14 @@ def test_mixed_decode_and_prefill_step_matches_dense(window):
         prefill_starts=[requests[i][0] for i in prefills],
         prefill_lengths=[requests[i][1] for i in prefills],
         prefill_block_tables=[tables[i] for i in prefills],
-        block_size=BLOCK_SIZE, group=GROUP, sliding_window=window, device=torch.device("cpu"),
+        block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, group=GROUP, sliding_window=window,
+        dtype=torch.float32, device=torch.device("cpu"),
     )
     q = torch.randn(sum(requests[i][1] for i in order), NUM_KV_HEADS * GROUP, HEAD_DIM)
     k_new = torch.cat([histories[i][0][requests[i][0]:] for i in order])
     v_new = torch.cat([histories[i][1][requests[i][0]:] for i in order])
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, metadata, HEAD_DIM ** -0.5)
+    out = paged_attention(q, k_new, v_new, kv_cache, metadata, HEAD_DIM ** -0.5)
+    assert len(metadata.decode_groups) == 2  # the 151-token request attends on its own
 
     expected_positions = [p for i in order for p in range(requests[i][0], sum(requests[i]))]
     assert positions.tolist() == expected_positions
@@ -74,5 +80,23 @@ def test_mixed_decode_and_prefill_step_matches_dense(window):
         cached, new = requests[i]
         for pos in range(cached, cached + new):
             block, offset = tables[i][pos // BLOCK_SIZE], pos % BLOCK_SIZE
-            assert torch.equal(k_cache[block, offset], histories[i][0][pos])
-            assert torch.equal(v_cache[block, offset], histories[i][1][pos])
+            assert torch.equal(k_cache[:, block, offset], histories[i][0][pos])
+            assert torch.equal(v_cache[:, block, offset], histories[i][1][pos])
+
+
+def test_decode_groups_split_only_when_padding_costs_more_than_a_group():
+    assert split_decode_groups([]) == []
+    assert split_decode_groups([5, 5, 5, 4]) == [(0, 4)]
+    # One long request among short ones: padding 7 short rows to 60 blocks costs more than a
+    # second group.
+    assert split_decode_groups([60, 3, 3, 3, 2, 2, 2, 2], overhead=16) == [(0, 1), (1, 8)]
+    lengths = sorted(range(1, 65), reverse=True)
+    groups = split_decode_groups(lengths, overhead=32)
+    assert groups[0][0] == 0 and groups[-1][1] == 64
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(groups))
+
+    def cost(split):
+        return sum((j - i) * max(lengths[i:j]) + 32 for i, j in split)
+
+    assert cost(groups) < cost([(0, 64)])
+    assert cost(groups) <= min(cost([(0, k), (k, 64)]) for k in range(1, 64))

@@ -54,8 +54,8 @@ def test_executor_describes_the_embedded_model(smol_executor):
     assert (arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads) == (30, 576, 9, 3)
     assert (arch.head_dim, arch.intermediate_size, arch.vocab_size) == (64, 1536, 49152)
     assert arch.dtype_bytes == 4
-    k_cache, v_cache = smol_executor.kv_caches[0]
-    assert k_cache.shape == (512, 16, 3, 64) == v_cache.shape
+    assert len(smol_executor.kv_caches) == 30
+    assert smol_executor.kv_caches[0].shape == (2, 3, 512, 16, 64)
 
 
 def test_last_position_logits_match_transformers(smol_executor, hf_smol_model, prompt_ids):
