@@ -265,12 +265,14 @@ class Scheduler:
         now = self.clock.now()
         kv = self.kv_cache
         updated: list[Request] = []
+        utilization = scheduler_output.num_scheduled_tokens / self.config.max_num_batched_tokens
         for scheduled in scheduler_output.scheduled:
             request = self.requests.get(scheduled.request_id)
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
             request.num_computed_tokens += len(scheduled.token_ids)
             request.record.num_steps += 1
+            request.record.step_utilization_sum += utilization
             kv.commit_computed(
                 request.request_id, request.all_token_ids, request.num_computed_tokens
             )

@@ -21,6 +21,7 @@ LATENCY_COLUMNS = (
     ("E2E p99", "e2e", "p99"),
     ("queue p99", "queue_time", "p99"),
     ("stall mean", "stall_time", "mean"),
+    ("blocked mean", "blocked_time", "mean"),
 )
 
 

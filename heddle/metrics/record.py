@@ -27,6 +27,9 @@ class RequestRecord:
     # The part of stall_time spent while a longer request (more context) ran in its place.
     blocked_by_longer_time: float = 0.0
     num_steps: int = 0  # steps the request took part in
+    # Sum over those steps of (tokens the step computed / its token budget): lock-step waste
+    # shows as steps that ran far below their budget.
+    step_utilization_sum: float = 0.0
     # Per-request SLO targets (seconds); they override a report's global SLO.
     ttft_slo: float | None = None
     tpot_slo: float | None = None
@@ -52,6 +55,11 @@ class RequestRecord:
         if self.first_scheduled_time is None:
             return None
         return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def step_utilization(self) -> float | None:
+        """Mean utilization of the steps the request took part in."""
+        return self.step_utilization_sum / self.num_steps if self.num_steps else None
 
     @property
     def tpot(self) -> float | None:

@@ -97,6 +97,8 @@ class ClassSummary:
     queue_time: LatencyStats = field(default_factory=LatencyStats)
     stall_time: LatencyStats = field(default_factory=LatencyStats)
     blocked_time: LatencyStats = field(default_factory=LatencyStats)  # blocked_by_longer_time
+    # Mean over completed requests of the mean utilization (tokens / budget) of their steps.
+    step_utilization: float | None = None
 
     @property
     def slo_attainment(self) -> float | None:
@@ -203,4 +205,11 @@ def _summarize_class(
         queue_time=LatencyStats.of(r.queue_time for r in completed),
         stall_time=LatencyStats.of(r.stall_time for r in completed),
         blocked_time=LatencyStats.of(r.blocked_by_longer_time for r in completed),
+        step_utilization=_mean(
+            [u for r in completed if (u := r.step_utilization) is not None]
+        ),
     )
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -150,3 +150,13 @@ def test_a_group_is_queued_whole_or_not_at_all():
     assert len(engine.scheduler.waiting) == 2
     run(engine)
     engine.check_integrity()
+
+
+def test_step_utilization_is_tokens_over_budget_of_the_steps_a_request_ran_in():
+    engine, _, _ = make_engine(max_num_batched_tokens=20)
+    engine.add_request("a", [5] * 10, SamplingParams(max_tokens=2, ignore_eos=True))
+    run(engine)
+    (record,) = engine.finished_records
+    # Step 1 computes the 10 prompt tokens (10/20), step 2 one decode token (1/20).
+    assert record.num_steps == 2
+    assert record.step_utilization == pytest.approx((0.5 + 0.05) / 2)
