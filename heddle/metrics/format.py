@@ -43,7 +43,8 @@ def _row(c: ClassSummary, with_goodput: bool) -> list[str]:
     for _, metric, stat in LATENCY_COLUMNS:
         stats: LatencyStats = getattr(c, metric)
         row.append(_ms(getattr(stats, stat)))
-    row += [_rate(c.request_throughput), f"{c.output_throughput:.1f}"]
+    util = "-" if c.step_utilization is None else f"{c.step_utilization:.0%}"
+    row += [util, _rate(c.request_throughput), f"{c.output_throughput:.1f}"]
     if with_goodput:
         attained = c.slo_attainment
         share = "" if attained is None else f" ({attained:.0%})"
@@ -69,6 +70,7 @@ def format_summary(summary: Summary, title: str | None = None) -> Table:
         table.add_column(header, justify="right")
     for header, _, _ in LATENCY_COLUMNS:
         table.add_column(f"{header}\n(ms)", justify="right")
+    table.add_column("step\nutil", justify="right")
     table.add_column("req/s", justify="right")
     table.add_column("out tok/s", justify="right")
     if with_goodput:
