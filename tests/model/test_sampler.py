@@ -155,3 +155,21 @@ def test_mixed_batch_greedy_rows_unaffected_by_random_rows() -> None:
     for i in (1, 3, 5):
         assert tokens[i] == logits[i].argmax().item()
     assert all(0 <= t < VOCAB for t in tokens)
+
+
+def test_top_p_after_top_k_uses_the_renormalized_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(4000, 1)
+    # Alone, top_p=0.83 keeps three tokens (0.5 + 0.3 < 0.83). After top_k=3 renormalizes to
+    # (0.526, 0.316, 0.158), the first two already reach 0.83.
+    assert set(sample(SamplingParams(temperature=1.0, top_p=0.83), logits)) == {0, 1, 2}
+    both = SamplingParams(temperature=1.0, top_k=3, top_p=0.83)
+    assert set(sample(both, logits)) == {0, 1}
+
+
+def test_top_p_on_a_flat_distribution_falls_back_to_the_whole_vocabulary() -> None:
+    # 3000 equally likely tokens: the best 64, then 1024, hold too little mass for top_p=0.5,
+    # so the sampler must sort the whole vocabulary and keep exactly 1500 tokens.
+    logits = torch.zeros(4000, 3000)
+    tokens = sample(SamplingParams(temperature=1.0, top_p=0.5), logits)
+    assert 1100 < len(set(tokens)) <= 1500
