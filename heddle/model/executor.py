@@ -76,24 +76,34 @@ class ModelExecutor:
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         start = time.perf_counter()
         self.sampler.forget(scheduler_output.finished_request_ids)
-        scheduled = [s for s in scheduler_output.scheduled if s.token_ids]
-        if any(s.sample and not s.token_ids for s in scheduler_output.scheduled):
-            raise ValueError("a request cannot sample without computing at least one token")
+        scheduled = self._check(scheduler_output)
         if not scheduled:
             return ExecutorOutput({}, time.perf_counter() - start)
         with torch.inference_mode():
             sampled, logprobs = self._run(scheduled)
         return ExecutorOutput(sampled, time.perf_counter() - start, logprobs)
 
+    def _check(self, scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
+        """The requests that compute tokens; a broken contract fails here, not deep in torch."""
+        for s in scheduler_output.scheduled:
+            if s.sample and not s.token_ids:
+                raise ValueError(f"{s.request_id}: cannot sample without computing a token")
+            end = s.start_position + len(s.token_ids)
+            if end > self.max_model_len:
+                raise ValueError(f"{s.request_id}: position {end - 1} is beyond max_model_len "
+                                 f"{self.max_model_len}")
+            if len(s.block_table) * self.block_size < end:
+                raise ValueError(f"{s.request_id}: block table too short for {end} tokens")
+        return [s for s in scheduler_output.scheduled if s.token_ids]
+
     def _forward(
         self, scheduled: list[ScheduledRequest]
-    ) -> tuple[list[ScheduledRequest], torch.Tensor, torch.Tensor]:
+    ) -> tuple[list[ScheduledRequest], torch.Tensor]:
         """Run the network on the step's tokens.
 
-        Returns the requests in the order their tokens were laid out, the float32 logits of
-        the sampling rows [num_sampling, vocab], and the index of each sampling row's token.
-        Single-token rows come first, longest context first: they attend in batched groups of
-        similar length.
+        Returns the requests in the order their tokens were laid out and the float32 logits
+        of the sampling rows [num_sampling, vocab], in that order. Single-token rows come
+        first, longest context first: they attend in batched groups of similar length.
         """
         decodes = sorted((s for s in scheduled if len(s.token_ids) == 1),
                          key=lambda s: s.start_position, reverse=True)
@@ -123,12 +133,12 @@ class ModelExecutor:
                 sample_index.append(offset - 1)
         index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
-        return ordered, logits, index
+        return ordered, logits
 
     def _run(
         self, scheduled: list[ScheduledRequest]
     ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
-        ordered, logits, _ = self._forward(scheduled)
+        ordered, logits = self._forward(scheduled)
         rows = [
             SamplingRow(s.request_id, s.sampling_params, s.num_output_tokens, s.eos_token_id)
             for s in ordered if s.sample
@@ -142,8 +152,8 @@ class ModelExecutor:
     def compute_logits(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Run one step like `execute`, but return the float32 logits [vocab] of each sampling
         request instead of sampling (for tests and scoring)."""
-        scheduled = [s for s in scheduler_output.scheduled if s.token_ids]
+        scheduled = self._check(scheduler_output)
         with torch.inference_mode():
-            ordered, logits, _ = self._forward(scheduled)
+            ordered, logits = self._forward(scheduled)
         sampling = [s.request_id for s in ordered if s.sample]
         return {request_id: logits[i] for i, request_id in enumerate(sampling)}

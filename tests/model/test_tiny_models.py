@@ -99,3 +99,35 @@ def test_greedy_continuous_batch_matches_transformers(tiny, prompts):
     ours = generate(executor, prompts, NEW_TOKENS, chunk_size=16)
     for prompt, tokens in zip(prompts, ours, strict=True):
         assert tokens == hf_greedy(model, prompt, NEW_TOKENS), len(prompt)
+
+
+def test_broken_step_contract_fails_clearly(tiny):
+    from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+    from heddle.request import SamplingParams
+
+    _, executor, _ = tiny
+
+    def step(start: int, tokens: list[int], table: list[int]) -> SchedulerOutput:
+        return SchedulerOutput(0, [ScheduledRequest("x", tokens, start, table, True,
+                                                    SamplingParams(temperature=0.0), 1, 0)])
+
+    with pytest.raises(ValueError, match="block table"):
+        executor.execute(step(0, [1, 2, 3, 4, 5], [0]))  # 5 tokens, one 4-token block
+    with pytest.raises(ValueError, match="max_model_len"):
+        executor.execute(step(512, [1], list(range(129))))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_llama_on_cuda_matches_transformers(tmp_path, prompts):
+    torch.manual_seed(1)
+    model = llama3_scaled().eval()
+    model.save_pretrained(tmp_path)
+    executor = ModelExecutor(ModelConfig(model=str(tmp_path), dtype="float32", device="cuda"),
+                             CacheConfig(block_size=4, num_blocks=512))
+    for prompt, logits in zip(prompts, our_last_logits(executor, prompts), strict=True):
+        torch.testing.assert_close(logits.cpu(), hf_last_logits(model, prompt),
+                                   atol=1e-3, rtol=1e-3)
+    ours = generate(executor, prompts, 8, chunk_size=16)
+    for prompt, tokens in zip(prompts, ours, strict=True):
+        assert tokens == hf_greedy(model, prompt, 8)
