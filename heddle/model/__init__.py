@@ -1,6 +1,8 @@
 """The real model: loaders (GGUF, Hugging Face directories), tokenizer, network, executor.
 
-Importing this package pulls in torch; the scheduler and the simulator never do.
+Most modules here import torch. `heddle.model.spec` (ModelSpec, ModelArch) and
+`heddle.model.registry` (default_model_path) do not, so the simulator may use them; keep
+this __init__ free of imports for that reason.
 """
 
 from __future__ import annotations

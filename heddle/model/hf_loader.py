@@ -104,7 +104,19 @@ def _rope_scaling(scaling: dict[str, Any]) -> RopeScaling | None:
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    files = sorted(path.glob("*.safetensors"))
+    """The files named by model.safetensors.index.json, else every *.safetensors except a
+    Mistral-format `consolidated.safetensors` next to HF-format ones."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"cannot read {index}: {e}") from e
+        files = [path / name for name in sorted(set(weight_map.values()))]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        hf_format = [f for f in files if not f.name.startswith("consolidated")]
+        files = hf_format or files
     if not files:
         raise ModelLoadError(f"{path} has no *.safetensors weights")
     weights: dict[str, torch.Tensor] = {}
