@@ -1,0 +1,84 @@
+"""Smoke test of benchmarks/policies.py: the experiment's code path on a handful of requests."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def benchmarks_on_path():
+    sys.path.insert(0, str(BENCHMARKS))
+    yield
+    sys.path.remove(str(BENCHMARKS))
+
+
+def test_sim_mode_runs_every_policy_and_writes_the_report(tmp_path):
+    from policies_report import write_report
+    from policies_setup import POLICIES
+    from policies_sim import Point, SimSetup, run_points
+    from policies_targets import check_targets
+
+    setup, quiet, n = SimSetup(), lambda _: None, 8
+    probes = [Point("long-prompt", p, 0.0, math.inf, 0, n) for p in ("fcfs", "static")]
+    capacity = run_points(probes, setup, jobs=1, probe=True, log=quiet)
+    rate = capacity[0]["saturation"]["requests_per_s"]
+    assert rate > 0 and capacity[1]["saturation"]["requests_per_s"] > 0
+    sweep = [Point("long-prompt", p, 1.2, 1.2 * rate, 0, n) for p in POLICIES if p != "static"]
+    orca = [Point("long-prompt", p, 0.5, 0.5 * rate, 0, n, tag="orca") for p in ("fcfs", "static")]
+    points = run_points([*sweep, *orca], setup, jobs=1, log=quiet)
+    for p in points:
+        m = p["metrics"]
+        assert m["overall"]["num_completed"] == n
+        assert set(m["classes"]) <= {"short", "long"}
+        assert m["overall"]["goodput"] is not None  # every request carries its class's SLO
+    by_policy = {p["point"]["policy"]: p["metrics"] for p in points[: len(sweep)]}
+    assert "predictor" in by_policy["sjf"]
+
+    data = {
+        "setup": {"describe": setup.describe()},
+        "machine": "test",
+        "command": "test",
+        "wall_seconds": 0.0,
+        "capacity": capacity,
+        "points": points,
+    }
+    targets = {row["target"] for row in check_targets(data)}
+    assert targets == {1, 2, 4}  # no chat: no sjf/oracle target
+    write_report(data, tmp_path / "plots", tmp_path / "report.md")
+    report = (tmp_path / "report.md").read_text()
+    assert "### long-prompt" in report and "### Targets" in report
+    assert sorted(f.name for f in (tmp_path / "plots").iterdir()) == [
+        "policies_goodput.png",
+        "policies_latency.png",
+    ]
+
+
+def test_every_workload_spec_builds_and_every_policy_accepts_its_options():
+    from policies_real import REAL_WORKLOADS
+    from policies_setup import POLICIES, SIM_ONLY, SIM_WORKLOADS, policy_options
+
+    from heddle.core.policies import make_policy
+
+    for specs, policies in ((SIM_WORKLOADS, POLICIES), (REAL_WORKLOADS, POLICIES)):
+        for spec in specs.values():
+            workload = spec.make(seed=0, rate=1.0, num_requests=40)
+            assert all(r.ttft_slo and r.tpot_slo for r in workload.requests)
+            for policy in policies:
+                if specs is REAL_WORKLOADS and policy in SIM_ONLY:
+                    continue
+                make_policy(policy, **policy_options(policy, spec))
+    # The real engine's workloads fit two CPU cores: short outputs, ~1,000-token long prompts.
+    chat = REAL_WORKLOADS["chat"].make(seed=0, rate=1.0, num_requests=200).requests
+    assert max(r.output_len for r in chat) <= 128
+    longs = [
+        r
+        for r in REAL_WORKLOADS["long-prompt"].make(seed=0, rate=1.0, num_requests=200).requests
+        if r.request_class == "long"
+    ]
+    assert longs and all(600 <= r.prompt_len <= 1200 for r in longs)
