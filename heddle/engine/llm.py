@@ -57,6 +57,15 @@ class LLM:
         self.engine = Engine.from_config(self.config)
         self._counter = itertools.count()
 
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """The offline API over an engine built by hand (e.g. sharing a loaded executor)."""
+        llm = cls.__new__(cls)
+        llm.config = engine.config
+        llm.engine = engine
+        llm._counter = itertools.count()
+        return llm
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -5,12 +5,12 @@ The reference is transformers loading the same GGUF file (fp32), which no one he
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 
 from heddle import LLM, SamplingParams
+from heddle.engine.engine import Engine
+from heddle.engine.llm import build_config
+from tests.model.reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -30,40 +30,26 @@ NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    # 16-token prefill chunks and a pool too small for all eight at once: chunking, mixing of
+def llm(smol_executor) -> LLM:
+    # The session's model, behind a fresh engine whose scheduler takes 16-token prefill chunks
+    # and whose pool (24 blocks of 16) is too small for all eight at once: chunking, mixing of
     # prefill and decode, and preemption by recompute all happen in this one batch.
-    return LLM(
-        dtype="float32", max_num_batched_tokens=16, block_size=16, num_blocks=24, max_num_seqs=8
+    config = build_config(max_num_batched_tokens=16, block_size=16, num_blocks=24, max_num_seqs=8)
+    engine = Engine(
+        config,
+        smol_executor,
+        num_blocks=24,
+        tokenizer=smol_executor.tokenizer,
+        eos_token_id=smol_executor.eos_token_id,
+        max_model_len=smol_executor.max_model_len,
+        vocab_size=smol_executor.arch.vocab_size,
     )
+    return LLM.from_engine(engine)
 
 
 @pytest.fixture(scope="module")
-def reference(llm: LLM) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    path = Path(llm.engine.executor.model_path)  # type: ignore[attr-defined]
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, torch_dtype=torch.float32
-    )
-    model.eval()
-    outputs = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            outputs.append(_greedy(model, llm.tokenizer.encode(prompt), NEW_TOKENS))
-    return outputs
-
-
-def _greedy(model, prompt_ids: list[int], steps: int) -> list[int]:
-    """Plain greedy decoding with transformers' KV cache. (`generate(min_new_tokens=...)` would
-    suppress EOS, which heddle's ignore_eos does not: it only keeps going after it.)"""
-    out = model(torch.tensor([prompt_ids]), use_cache=True)
-    tokens: list[int] = []
-    for _ in range(steps):
-        token = int(out.logits[0, -1].argmax())
-        tokens.append(token)
-        out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
-    return tokens
+def reference(llm: LLM, hf_smol_model) -> list[list[int]]:
+    return [hf_greedy(hf_smol_model, llm.tokenizer.encode(p), NEW_TOKENS) for p in PROMPTS]
 
 
 def test_greedy_continuations_match_transformers_token_for_token(llm, reference):

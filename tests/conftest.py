@@ -1,4 +1,5 @@
-"""Shared, session-scoped fixtures: the embedded SmolLM2 model, ours and transformers'."""
+"""Session-scoped fixtures shared by every test package: the embedded SmolLM2 model, ours and
+transformers' (each loaded once per test run)."""
 
 from __future__ import annotations
 
