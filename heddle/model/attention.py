@@ -29,10 +29,13 @@ folded into the query-length axis, q: [batch, kv_heads, group * num_tokens, head
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from heddle.model.attention_metadata import AttentionMetadata
+from heddle.model.kernels import DecodeKernel
 
 
 class GatherBuffer:
@@ -50,6 +53,15 @@ class GatherBuffer:
             self._buffer = torch.empty(numel, dtype=self._buffer.dtype,
                                        device=self._buffer.device)
         return self._buffer[:numel].view(shape)
+
+
+@dataclass(slots=True)
+class AttentionBackend:
+    """Per-model resources of paged attention."""
+
+    gather_buffer: GatherBuffer
+    # Reads decode K/V straight from the cache (heddle.model.kernels); None: the torch path.
+    decode_kernel: DecodeKernel | None = None
 
 
 def write_kv_cache(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -84,7 +96,7 @@ def paged_attention(
     kv_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
-    gather_buffer: GatherBuffer | None = None,
+    backend: AttentionBackend | None = None,
 ) -> torch.Tensor:
     """Write the step's K/V into the paged cache, then attend.
 
@@ -97,6 +109,18 @@ def paged_attention(
     group = num_heads // num_kv_heads
     write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
     out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    gather_buffer = backend.gather_buffer if backend is not None else None
+
+    tables = metadata.decode_tables
+    if tables is not None:
+        if backend is None or backend.decode_kernel is None:
+            raise ValueError("metadata built for a decode kernel, but there is none")
+        batch = metadata.num_decode_tokens
+        attn = backend.decode_kernel(
+            kv_cache, q[:batch].view(batch, num_kv_heads, group, head_dim) * scale,
+            tables.block_tables, tables.context_lens, metadata.sliding_window,
+        )  # [batch, KVH, group, D]
+        out[:batch] = attn.view(batch, num_heads * head_dim)
 
     for group_rows in metadata.decode_groups:
         # Two batched matmuls over (head, request) pairs; on CPU this matched or beat SDPA's

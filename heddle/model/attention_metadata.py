@@ -40,11 +40,21 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
+class DecodeTables:
+    """All single-token rows at once, for a kernel that reads the paged cache directly."""
+
+    block_tables: torch.Tensor  # [num_decodes, max_blocks] int64, padded with block 0
+    context_lens: torch.Tensor  # [num_decodes] int64
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64: where each new token's K/V goes
     num_decode_tokens: int  # the first rows of the step, one token per request
-    decode_groups: list[DecodeGroup]
+    decode_groups: list[DecodeGroup]  # for the torch path
     prefills: list[PrefillChunk]
+    decode_tables: DecodeTables | None = None  # for a decode kernel (then no groups)
+    sliding_window: int | None = None
 
 
 def build_attention_metadata(
@@ -60,10 +70,13 @@ def build_attention_metadata(
     sliding_window: int | None,
     dtype: torch.dtype,
     device: torch.device,
+    decode_kernel: bool = False,
 ) -> tuple[AttentionMetadata, torch.Tensor]:
     """Index and mask tensors for one step. Returns the metadata and positions [num_tokens].
 
-    Decode rows are grouped as given: pass them sorted by context length for the best groups.
+    With `decode_kernel`, decode rows get block tables and context lengths (DecodeTables);
+    otherwise gather groups, formed in the order given: pass decode rows sorted by context
+    length for the best groups.
     """
     num_decodes = len(decode_positions)
     positions_list = list(decode_positions)
@@ -82,7 +95,16 @@ def build_attention_metadata(
 
     num_blocks = [pos // block_size + 1 for pos in decode_positions]
     decode_groups = []
-    for row_start, row_end in split_decode_groups(num_blocks):
+    decode_tables = None
+    if decode_kernel and num_decodes:
+        max_blocks = max(num_blocks)
+        tables = [t[:n] + [0] * (max_blocks - n)
+                  for t, n in zip(decode_block_tables, num_blocks, strict=True)]
+        decode_tables = DecodeTables(
+            torch.tensor(tables, dtype=torch.int64).to(device),
+            torch.tensor(decode_positions, dtype=torch.int64).add_(1).to(device),
+        )
+    for row_start, row_end in [] if decode_kernel else split_decode_groups(num_blocks):
         max_blocks = max(num_blocks[row_start:row_end])
         tables = [decode_block_tables[row][: num_blocks[row]] for row in range(row_start, row_end)]
         block_ids = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
@@ -117,7 +139,8 @@ def build_attention_metadata(
         prefills.append(PrefillChunk(token_start, length, start, chunk_block_ids, mask))
         token_start += length
 
-    metadata = AttentionMetadata(slot_mapping.to(device), num_decodes, decode_groups, prefills)
+    metadata = AttentionMetadata(slot_mapping.to(device), num_decodes, decode_groups, prefills,
+                                 decode_tables, sliding_window)
     return metadata, positions.to(device)
 
 

@@ -25,7 +25,10 @@ class ModelExecutor:
     head_dim] in the model's dtype (see heddle.model.attention for the layout).
     """
 
-    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, *,
+                 use_decode_kernel: bool = True) -> None:
+        """`use_decode_kernel=False` forces the plain-torch attention (the C decode kernel is
+        otherwise used for float32 on CPU when it builds; see heddle.model.kernels)."""
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if model_config.num_threads:
@@ -41,7 +44,8 @@ class ModelExecutor:
             self.max_model_len = min(self.max_model_len, model_config.max_model_len)
         with torch.inference_mode():
             self.model = LlamaForCausalLM(spec, loaded.weights, dtype=self.dtype,
-                                          device=self.device, max_positions=self.max_model_len)
+                                          device=self.device, max_positions=self.max_model_len,
+                                          use_decode_kernel=use_decode_kernel)
         loaded.weights.clear()
         dtype_bytes = torch.finfo(self.dtype).bits // 8
         self.arch = ModelArch.from_spec(spec, dtype_bytes)
@@ -58,6 +62,11 @@ class ModelExecutor:
         # Zeros, not empty: padded gathers read unused slots (masked, but NaN * 0 is NaN).
         self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
                           for _ in range(spec.num_layers)]
+        backend = self.model.attention
+        if backend.decode_kernel is not None and not backend.decode_kernel.supports(
+            self.kv_caches[0], spec.num_heads
+        ):
+            backend.decode_kernel = None
         self.sampler = Sampler(self.device)
 
     # -- what the engine reads ---------------------------------------------------------------
@@ -122,6 +131,7 @@ class ModelExecutor:
             sliding_window=self.spec.sliding_window,
             dtype=self.dtype,
             device=self.device,
+            decode_kernel=self.model.attention.decode_kernel is not None,
         )
         hidden = self.model.forward(input_ids.to(self.device), positions, self.kv_caches, metadata)
         # Logits only for the last token of each request that samples.

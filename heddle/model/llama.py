@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from heddle.errors import ModelLoadError
-from heddle.model.attention import GatherBuffer, paged_attention
+from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attention
 from heddle.model.attention_metadata import AttentionMetadata
+from heddle.model.kernels import load_decode_kernel
 from heddle.model.layers import Linear, RotaryEmbedding, rms_norm, rope_inv_freq
 from heddle.model.spec import ModelSpec
 
@@ -59,7 +60,7 @@ class DecoderLayer:
         rope: RotaryEmbedding,
         kv_cache: torch.Tensor,  # [2, KVH, num_blocks, block_size, D]
         metadata: AttentionMetadata,
-        gather_buffer: GatherBuffer,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = hidden.shape[0]
@@ -74,7 +75,7 @@ class DecoderLayer:
                             rms_norm(k, self.k_norm, spec.rms_norm_eps)], dim=1)
         qk = rope.apply(qk, cos, sin)  # q and k heads rotated together
         q, k = qk.split([spec.num_heads, spec.num_kv_heads], dim=1)
-        attn = paged_attention(q, k, v, kv_cache, metadata, self.scale, gather_buffer)
+        attn = paged_attention(q, k, v, kv_cache, metadata, self.scale, backend)
         hidden = hidden + self.o_proj(attn)
         x = rms_norm(hidden, self.post_attention_norm, spec.rms_norm_eps)
         gate, up = self.gate_up_proj(x).chunk(2, dim=1)
@@ -85,7 +86,8 @@ class LlamaForCausalLM:
     """The network. Consumes `weights` (Hugging Face names); holds no KV cache of its own."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], *,
-                 dtype: torch.dtype, device: torch.device, max_positions: int) -> None:
+                 dtype: torch.dtype, device: torch.device, max_positions: int,
+                 use_decode_kernel: bool = True) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = device
@@ -108,7 +110,11 @@ class LlamaForCausalLM:
         self.lm_head = Linear(lm_head.to(device=device, dtype=dtype))
         inv_freq = rope_inv_freq(spec, weights.pop("rope_freqs", None))
         self.rope = RotaryEmbedding(inv_freq, max_positions, dtype, device)
-        self.gather_buffer = GatherBuffer(dtype, device)  # reused by every layer and step
+        # Reused by every layer and step. The C decode kernel runs on float32 CPU caches.
+        decode_kernel = None
+        if device.type == "cpu" and dtype == torch.float32 and use_decode_kernel:
+            decode_kernel = load_decode_kernel()
+        self.attention = AttentionBackend(GatherBuffer(dtype, device), decode_kernel)
         unused = sorted(k for k in weights if k.startswith("model.layers.") and "rotary" not in k)
         if unused:  # e.g. MLP biases: refuse rather than silently compute something else
             raise ModelLoadError(f"unsupported weights in checkpoint: {', '.join(unused[:3])}")
@@ -125,7 +131,7 @@ class LlamaForCausalLM:
         cos, sin = self.rope.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, cos, sin, self.rope, kv_cache, metadata,
-                                   self.gather_buffer)
+                                   self.attention)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

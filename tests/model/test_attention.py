@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heddle.model.attention import paged_attention
+from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attention
 from heddle.model.attention_metadata import build_attention_metadata, split_decode_groups
+from heddle.model.kernels import load_decode_kernel
 
 NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 3, 8, 4, 128
 
@@ -29,8 +30,19 @@ def dense_attention(q, k, v, start, window=None):
     return out.transpose(0, 1).reshape(num_tokens, -1)
 
 
+def backend_for(kind: str) -> AttentionBackend | None:
+    if kind == "torch":
+        return None
+    kernel = load_decode_kernel()
+    if kernel is None:
+        pytest.skip("the C decode kernel does not build here")
+    return AttentionBackend(GatherBuffer(torch.float32, torch.device("cpu")), kernel)
+
+
+@pytest.mark.parametrize("kind", ["torch", "kernel"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_decode_and_prefill_step_matches_dense(window):
+def test_mixed_decode_and_prefill_step_matches_dense(window, kind):
+    backend = backend_for(kind)
     torch.manual_seed(0)
     # (cached tokens, new tokens) per request: decodes, a fresh prefill, chunks after a prefix
     requests = [(9, 1), (0, 1), (23, 1), (0, 7), (12, 5), (3, 1), (16, 16), (150, 1), (2, 1)]
@@ -59,13 +71,16 @@ def test_mixed_decode_and_prefill_step_matches_dense(window):
         prefill_lengths=[requests[i][1] for i in prefills],
         prefill_block_tables=[tables[i] for i in prefills],
         block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, group=GROUP, sliding_window=window,
-        dtype=torch.float32, device=torch.device("cpu"),
+        dtype=torch.float32, device=torch.device("cpu"), decode_kernel=backend is not None,
     )
     q = torch.randn(sum(requests[i][1] for i in order), NUM_KV_HEADS * GROUP, HEAD_DIM)
     k_new = torch.cat([histories[i][0][requests[i][0]:] for i in order])
     v_new = torch.cat([histories[i][1][requests[i][0]:] for i in order])
-    out = paged_attention(q, k_new, v_new, kv_cache, metadata, HEAD_DIM ** -0.5)
-    assert len(metadata.decode_groups) == 2  # the 151-token request attends on its own
+    out = paged_attention(q, k_new, v_new, kv_cache, metadata, HEAD_DIM ** -0.5, backend)
+    if backend is None:
+        assert len(metadata.decode_groups) == 2  # the 151-token request attends on its own
+    else:
+        assert metadata.decode_groups == [] and metadata.decode_tables is not None
 
     expected_positions = [p for i in order for p in range(requests[i][0], sum(requests[i]))]
     assert positions.tolist() == expected_positions
@@ -100,3 +115,17 @@ def test_decode_groups_split_only_when_padding_costs_more_than_a_group():
 
     assert cost(groups) < cost([(0, 64)])
     assert cost(groups) <= min(cost([(0, k), (k, 64)]) for k in range(1, 64))
+
+
+def test_decode_kernel_falls_back_to_torch_when_disabled_or_unbuildable(monkeypatch, tmp_path):
+    load_decode_kernel.cache_clear()
+    try:
+        monkeypatch.setenv("HEDDLE_DISABLE_C_KERNELS", "1")
+        assert load_decode_kernel() is None
+        load_decode_kernel.cache_clear()
+        monkeypatch.delenv("HEDDLE_DISABLE_C_KERNELS")
+        monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
+        assert load_decode_kernel() is None
+    finally:
+        load_decode_kernel.cache_clear()

@@ -58,15 +58,26 @@ def mistral():
 FACTORIES = {"qwen3": qwen3, "llama3": llama3_scaled, "qwen2": qwen2, "mistral": mistral}
 
 
-@pytest.fixture(scope="module", params=list(FACTORIES))
+# (family, C decode kernel): every family with the kernel where it builds, and the
+# plain-torch attention path for two of them.
+VARIANTS = [("qwen3", True), ("llama3", True), ("qwen2", True), ("mistral", True),
+            ("llama3", False), ("mistral", False)]
+
+
+@pytest.fixture(scope="module", params=VARIANTS,
+                ids=[f"{f}-{'kernel' if k else 'torch'}" for f, k in VARIANTS])
 def tiny(request, tmp_path_factory) -> tuple[object, ModelExecutor, str]:
-    torch.manual_seed(hash(request.param) % 1000)
-    model = FACTORIES[request.param]().eval()
-    path: Path = tmp_path_factory.mktemp(request.param)
+    family, use_kernel = request.param
+    torch.manual_seed(sum(map(ord, family)))
+    model = FACTORIES[family]().eval()
+    path: Path = tmp_path_factory.mktemp(family)
     model.save_pretrained(path)
     executor = ModelExecutor(ModelConfig(model=str(path), dtype="float32"),
-                             CacheConfig(block_size=4, num_blocks=512))
-    return model, executor, request.param
+                             CacheConfig(block_size=4, num_blocks=512),
+                             use_decode_kernel=use_kernel)
+    if not use_kernel:
+        assert executor.model.attention.decode_kernel is None
+    return model, executor, family
 
 
 @pytest.fixture(scope="module")
