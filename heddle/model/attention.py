@@ -16,12 +16,17 @@ built once per step and shared by all layers. `paged_attention` is the one funct
 kernel would replace.
 
 Tokens of a step are laid out as: single-token rows (decodes) first, then the multi-token
-prefill chunks. Decodes run batched, in a few groups of similar context length: per group and
-layer, one gather copies the group's blocks (K and V) into a padded
-[kv_heads * batch, max_blocks * block_size, head_dim] context, an additive mask hides the
-padding, and two batched matmuls do the attention. Each prefill chunk runs on its own through
-SDPA with a causal mask shifted by its cached prefix; a chunk without a cached prefix attends
-to its own new K/V directly, without a gather.
+prefill chunks.
+
+Decodes: when the C kernel of heddle.model.kernels is available (float32 on CPU), one call per
+layer attends all decode rows straight from the paged cache. Otherwise (the plain-torch
+reference, also used for bf16/fp16 and CUDA) decodes run batched in a few groups of similar
+context length: per group and layer, one gather copies the group's blocks (K and V) into a
+padded [kv_heads * batch, max_blocks * block_size, head_dim] context, an additive mask hides
+the padding, and two batched matmuls do the attention.
+
+Prefill chunks run one by one through SDPA with a causal mask shifted by the cached prefix; a
+chunk without a cached prefix attends to its own new K/V directly, without a gather.
 
 Grouped-query attention never repeats K/V: the `group` query heads that share one KV head are
 folded into the query-length axis, q: [batch, kv_heads, group * num_tokens, head_dim].

@@ -26,8 +26,10 @@ def resolve_device(device: str) -> torch.device:
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """`auto`: bfloat16 on CUDA and on CPUs with native bf16 math, else float32.
 
-    Without native bf16 (AVX2, or AVX-512 without BF16), bf16 matmuls are emulated and ran
-    ~6x slower than float32 on the machine we measured (see docs in ModelExecutor's report).
+    Without native bf16 (AVX2, or AVX-512 without BF16) bf16 matmuls are emulated: on a
+    2-core AVX2 EPYC, SmolLM2-135M decoding 64 requests took 4.3x longer per step in bf16
+    than in float32 (benchmarks/decode_microbench.py); only batch 1, bound by weight bytes,
+    was faster in bf16.
     """
     if dtype != "auto":
         if dtype not in _DTYPES:
