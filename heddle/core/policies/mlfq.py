@@ -7,6 +7,12 @@ lower instead of blocking the top level. At level i a request may generate
 A waiting request may preempt a running one of a strictly lower level (option `preempt`).
 Starvation prevention: a request not served for `starvation_seconds` is promoted to level 0
 with a fresh quantum.
+
+Preemption here is by recompute (FastServe swaps KV to host memory instead), so each eviction
+throws away the victim's whole context once its cached blocks are reused. Under sustained
+overload with a small token budget or KV cache, newcomers keep evicting the same demoted
+requests and throughput collapses; `max_preemptions` bounds how many times a request may be
+evicted for a newcomer (None: no bound).
 """
 
 from __future__ import annotations
@@ -43,10 +49,13 @@ class MLFQPolicy(Policy):
         prompt_quantum: int = 512,
         starvation_seconds: float = 10.0,
         preempt: bool = True,
+        max_preemptions: int | None = None,
     ) -> None:
         super().__init__()
         if num_levels < 1 or quantum < 1 or prompt_quantum < 1:
             raise ValueError("num_levels, quantum and prompt_quantum must be positive")
+        if max_preemptions is not None and max_preemptions < 0:
+            raise ValueError(f"max_preemptions must be >= 0 or None, got {max_preemptions}")
         if not starvation_seconds > 0:
             raise ValueError(f"starvation_seconds must be positive, got {starvation_seconds}")
         self.num_levels = num_levels
@@ -54,6 +63,7 @@ class MLFQPolicy(Policy):
         self.prompt_quantum = prompt_quantum
         self.starvation_seconds = float(starvation_seconds)
         self.preempt = preempt
+        self.max_preemptions = max_preemptions
         self._places: dict[str, _Place] = {}
 
     def entry_level(self, request: Request) -> int:
@@ -87,6 +97,10 @@ class MLFQPolicy(Policy):
         return (self.level_of(request, now), request.arrival_time, request.seq)
 
     def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
+        if self.max_preemptions is not None and (
+            victim.record.num_preemptions >= self.max_preemptions
+        ):
+            return False
         return self.preempt and self.level_of(request, now) < self.level_of(victim, now)
 
     def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import pytest
+
 from heddle.core.policies import make_policy
+from heddle.errors import HeddleError
 from heddle.request import RequestStatus
 from tests.factories import create_request, create_scheduler, sample_all
 
@@ -64,3 +67,29 @@ def test_starving_requests_are_promoted_to_the_top():
     assert policy.level_of(request, 6.0) == 0  # with a fresh level-0 quantum
     request.append_output_token(7)
     assert policy.level_of(request, 6.0) == 1
+
+
+def test_max_preemptions_bounds_how_often_a_request_is_evicted_for_a_newcomer():
+    # One seat; "long" is demoted after 2 tokens, and each newcomer would evict it again.
+    def run(max_preemptions):
+        sched = create_scheduler(
+            policy="mlfq", max_num_seqs=1, quantum=2, max_preemptions=max_preemptions
+        )
+        long = create_request("long", prompt_len=4, max_tokens=20)
+        sched.add_request(long)
+        evicted = []
+        for i in range(12):
+            if i in (2, 6):
+                sched.add_request(create_request(f"new{i}", prompt_len=4, max_tokens=2))
+            evicted += step(sched)[1]
+        return evicted, long
+
+    assert run(None)[0] == ["long", "long"]
+    evicted, long = run(1)
+    assert evicted == ["long"]  # the second newcomer waits for the seat instead
+    assert long.record.num_preemptions == 1
+
+
+def test_max_preemptions_must_not_be_negative():
+    with pytest.raises(HeddleError, match="max_preemptions"):
+        make_policy("mlfq", max_preemptions=-1)
