@@ -34,9 +34,12 @@ ORCA_WORKLOADS = ("chat", "reasoning")  # mixed output lengths
 ORCA_LOADS = (0.5, 0.9)  # fractions of static's saturation throughput
 ORCA_REQUESTS = 300
 STATIC_PROBE_REQUESTS = 600
-# Policies rerun at the target loads with other options, as evidence for the tuning (tag: why).
-VARIANTS: tuple[tuple[str, dict[str, Any], str], ...] = (
-    ("slo", {"late_factor": 1.0}, "slo, default late_factor=1"),
+# Policies rerun at the target loads with other options or seats (None: the setup's), as
+# evidence for the tuning and for how much a bigger batch absorbs: (policy, options, seats, tag).
+VARIANTS: tuple[tuple[str, dict[str, Any], int | None, str], ...] = (
+    ("slo", {"late_factor": 1.0}, None, "slo, default late_factor=1"),
+    ("fcfs", {}, 1024, "fcfs, 1024 seats"),
+    ("adaptive", {}, 1024, "adaptive, 1024 seats"),
 )
 
 
@@ -107,8 +110,8 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     # 3. More seeds for the points the targets are judged on.
     checks = target_points(points, seeds, fcfs_rate, n_of)
     checks += [
-        Point(k, policy, load, load * fcfs_rate[k], 0, n_of(k), tuple(options.items()), tag)
-        for policy, options, tag in VARIANTS
+        Point(k, policy, load, load * fcfs_rate[k], 0, n_of(k), tuple(options.items()), tag, seats)
+        for policy, options, seats, tag in VARIANTS
         if policy in policies
         for k in workloads
         for load in loads

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from policies_setup import (
     SIM_ONLY,
     ClassSpec,
     WorkloadSpec,
+    policy_options,
     run_metrics,
     saturation_throughput,
 )
@@ -33,7 +35,9 @@ CPU_BATCHY = ClassSpec(ttft=8.0, tpot=0.5, priority=1)
 # Token thresholds of the GPU-scale defaults, scaled with the workloads' lengths (~0.25x).
 SCALED = {
     "lanes": {"long_prompt_tokens": 512, "long_output_tokens": 256},
-    "mlfq": {"quantum": 4, "prompt_quantum": 128},
+    # Recompute is dear on two cores (256-token budget, small KV cache): without a bound, mlfq's
+    # newcomers evict the same demoted requests again and again under overload.
+    "mlfq": {"quantum": 4, "prompt_quantum": 128, "max_preemptions": 1},
     "sjf": {"default_output_len": 32.0},
     "adaptive": {"target_tpot": 0.2},
 }
@@ -44,9 +48,9 @@ REAL_WORKLOADS: dict[str, WorkloadSpec] = {
         {"length_scale": 0.25, "max_output_len": 128, "max_prompt_len": 512},
         {"*": CPU_INTERACTIVE},
         ("default",),
-        64,
+        96,
         math.inf,
-        64,
+        96,
         SCALED,
     ),
     "long-prompt": WorkloadSpec(
@@ -55,9 +59,9 @@ REAL_WORKLOADS: dict[str, WorkloadSpec] = {
         {"length_scale": 0.3, "max_output_len": 128, "max_prompt_len": 512},
         {"short": CPU_INTERACTIVE, "long": CPU_BATCHY},
         ("short",),
-        64,
+        96,
         math.inf,
-        64,
+        96,
         SCALED,
     ),
     "reasoning": WorkloadSpec(
@@ -66,9 +70,9 @@ REAL_WORKLOADS: dict[str, WorkloadSpec] = {
         {"length_scale": 0.2, "max_output_len": 800},
         {"short": CPU_INTERACTIVE, "reasoning": CPU_BATCHY},
         ("short",),
-        64,
+        96,
         math.inf,
-        64,
+        96,
         SCALED,
     ),
     "multi-tenant": WorkloadSpec(
@@ -77,9 +81,9 @@ REAL_WORKLOADS: dict[str, WorkloadSpec] = {
         {"length_scale": 0.25, "max_output_len": 128, "max_prompt_len": 512},
         {"*": CPU_INTERACTIVE},
         ("user-1", "user-2", "user-3"),
-        64,
+        96,
         math.inf,
-        64,
+        96,
         SCALED,
     ),
 }
@@ -88,38 +92,88 @@ REAL_WORKLOADS: dict[str, WorkloadSpec] = {
 def add_real_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=",".join(REAL_WORKLOADS))
     p.add_argument("--policies", default=",".join(p for p in POLICIES if p not in SIM_ONLY))
-    p.add_argument("--loads", default="0.7,1.2", help="fractions of fcfs saturation")
+    p.add_argument("--loads", default="0.7,1.5", help="fractions of fcfs saturation")
     p.add_argument("--num-requests", type=int, default=None, help="default: per workload")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--output", type=Path, default=Path("results/policies_real.json"))
+    # 16 seats and ~100 requests: enough arrivals per seat for the long requests to pile up as
+    # they do in steady state (the simulator needed ~15 per seat for reasoning-mix).
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--output", type=Path, default=None, help="default: results/policies_real.json")
+    p.add_argument(
+        "--predict",
+        action="store_true",
+        help="simulate the plan instead (no model, no wall clock) to estimate its runtime",
+    )
+    p.add_argument("--cost-model", default=None, help="with --predict: a `heddle profile` JSON")
 
 
 class RealBench:
-    """One ModelExecutor; a fresh Engine (and policy) per run."""
+    """One ModelExecutor; a fresh Engine (and policy) per run. With `--predict`, a simulated
+    executor (a cost model on a virtual clock) stands in for the model: the same plan, to
+    estimate how long the real runs take."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         from heddle.config import CacheConfig, ModelConfig
-        from heddle.model.executor import ModelExecutor
 
         self.args = args
         self.model_config = ModelConfig(dtype=args.dtype)
         self.cache_config = CacheConfig(block_size=16, kv_cache_memory_gb=0.5)
-        self.executor = ModelExecutor(self.model_config, self.cache_config)
-        self.vocab = self.executor.arch.vocab_size
+        self.cost: Any = None
+        if args.predict:
+            self._simulated()
+        else:
+            from heddle.model.executor import ModelExecutor
+
+            ex = ModelExecutor(self.model_config, self.cache_config)
+            self.executor, self.num_blocks, self.vocab = ex, ex.num_blocks, ex.arch.vocab_size
+            self.eos_token_id, self.max_model_len = ex.eos_token_id, ex.max_model_len
+            self.describe = f"{ex.model_name} ({ex.dtype})"
+
+    def _simulated(self) -> None:
+        from heddle.sim import ProfiledCostModel, RooflineCostModel, load_model_spec
+        from heddle.sim.simulator import SIM_EOS_TOKEN_ID
+
+        model = load_model_spec("smollm2-135m")
+        if self.args.cost_model:
+            self.cost = ProfiledCostModel.load(self.args.cost_model)
+        else:  # a lower bound: small CPU matmuls reach far less than the roofline's peaks
+            self.cost = RooflineCostModel(model, "cpu-2core", dtype="float32")
+        block_bytes = self.cache_config.block_size * 2 * model.num_layers * model.num_kv_heads
+        block_bytes *= model.head_dim * 4  # float32
+        self.num_blocks = int(self.cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
+        self.vocab, self.eos_token_id, self.max_model_len = model.vocab_size, SIM_EOS_TOKEN_ID, 8192
+        self.describe = f"predicted by {self.cost.describe()}"
+
+    def _engine(self, config: Any) -> Any:
+        from heddle.clock import VirtualClock, WallClock
+        from heddle.engine.engine import Engine
+        from heddle.sim import SimulatedExecutor
+
+        if self.cost is not None:
+            clock: Any = VirtualClock()
+            executor: Any = SimulatedExecutor(self.cost, clock, vocab_size=self.vocab)
+        else:
+            clock, executor = WallClock(), self.executor
+        return Engine(
+            config,
+            executor,
+            num_blocks=self.num_blocks,
+            clock=clock,
+            eos_token_id=self.eos_token_id,
+            max_model_len=self.max_model_len,
+            vocab_size=self.vocab,
+        )
 
     def run(self, key: str, policy: str, rate: float, probe: bool = False) -> dict[str, Any]:
-        from heddle.clock import WallClock
         from heddle.config import EngineConfig, SchedulerConfig
-        from heddle.engine.engine import Engine
         from heddle.engine.replay import replay
 
         spec = REAL_WORKLOADS[key]
         args = self.args
         workload = spec.make(args.seed, rate, args.num_requests)
-        options = dict(spec.tuning.get(policy, {}))
+        options = policy_options(policy, spec)
         config = EngineConfig(
             model=self.model_config,
             cache=self.cache_config,
@@ -130,16 +184,7 @@ class RealBench:
                 policy_options=options,
             ),
         )
-        ex = self.executor
-        engine = Engine(
-            config,
-            ex,
-            num_blocks=ex.num_blocks,
-            clock=WallClock(),
-            eos_token_id=ex.eos_token_id,
-            max_model_len=ex.max_model_len,
-            vocab_size=self.vocab,
-        )
+        engine = self._engine(config)
         result = replay(engine, workload, vocab_size=self.vocab)
         out: dict[str, Any] = {
             "point": {
@@ -148,7 +193,8 @@ class RealBench:
                 "rate": rate,
                 "seed": args.seed,
                 "num_requests": len(workload.requests),
-                "tag": "real",
+                "load": 0.0,
+                "tag": "",
             },
             "options": options,
             "elapsed": result.elapsed,
@@ -169,39 +215,52 @@ class RealBench:
 def run_real(args: argparse.Namespace) -> None:
     import platform
 
+    from policies_report import write_real_report
+
     keys = [k for k in args.workloads.split(",") if k]
     policies = [p for p in args.policies.split(",") if p and p not in SIM_ONLY]
     loads = [float(x) for x in args.loads.split(",") if x]
+    output = args.output or Path(
+        "results/policies_real_predicted.json" if args.predict else "results/policies_real.json"
+    )
     started = time.perf_counter()
     bench = RealBench(args)
     data: dict[str, Any] = {
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "engine": {
-            "dtype": str(bench.executor.dtype),
-            "model": bench.executor.model_name,
+            "model": bench.describe,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_num_seqs": args.max_num_seqs,
         },
+        "command": " ".join(sys.argv),
         "capacity": [],
         "points": [],
     }
     for key in keys:
-        probe = bench.run(key, "fcfs", math.inf, probe=True)
-        data["capacity"].append(probe)
-        saturation = probe["saturation"]["requests_per_s"]
-        print(f"{key}: fcfs saturation {saturation:.2f} req/s ({probe['elapsed']:.0f} s)")
+        # Saturation: every request queued at t=0. static only for Orca's comparison: at the
+        # loads of the sweep it could not keep up and would run for hours.
+        for policy in ("fcfs", "static"):
+            if policy == "fcfs" or (policy in policies and key in ("chat", "reasoning")):
+                data["capacity"].append(bench.run(key, policy, math.inf, probe=True))
+                c = data["capacity"][-1]
+                print(f"{key}: {policy} saturation {c['saturation']['requests_per_s']:.2f} req/s "
+                      f"({c['elapsed']:.0f} s)", flush=True)  # fmt: skip
+        fcfs = next(c for c in data["capacity"] if c["point"]["workload"] == key)
         for load in loads:
-            for policy in policies:
-                point = bench.run(key, policy, load * saturation)
+            for policy in (p for p in policies if p != "static"):
+                point = bench.run(key, policy, load * fcfs["saturation"]["requests_per_s"])
                 point["point"]["load"] = load
                 data["points"].append(point)
                 m = point["metrics"]
                 print(
                     f"  {policy:<8} load {load:g}: short p99 TTFT "
                     f"{(m['short'] or m['overall'])['ttft']['p99']:.2f} s, goodput "
-                    f"{m['overall']['goodput']:.2f} req/s, {point['elapsed']:.0f} s"
+                    f"{m['overall']['goodput']:.2f} req/s, {point['elapsed']:.0f} s",
+                    flush=True,
                 )
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         data["wall_seconds"] = time.perf_counter() - started
-        args.output.write_text(json.dumps(data, indent=1) + "\n")
-    print(f"wrote {args.output} ({time.perf_counter() - started:.0f} s)")
+        data["engine_seconds"] = sum(r["elapsed"] for r in data["capacity"] + data["points"])
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {output}: {data['engine_seconds']:.0f} s of engine time")
+    write_real_report(data, output.with_suffix(".md"))

@@ -144,7 +144,8 @@ def variant_table(points: Points) -> list[str]:
             continue
         base = get(points, q["workload"], q["policy"], q["load"], q["seed"])
         fcfs = get(points, q["workload"], "fcfs", q["load"], q["seed"])
-        for label, m in (("fcfs", fcfs), (f"{q['policy']}", base), (q["tag"], p["metrics"])):
+        runs = [("fcfs", fcfs), (q["policy"], base), (q["tag"], p["metrics"])]
+        for label, m in runs[: 1 if q["policy"] == "fcfs" else 2] + runs[2:]:
             if m is None:
                 continue
             rows.append([q["workload"], f"{q['load']:g}", str(q["seed"]), label,
@@ -205,6 +206,27 @@ def write_report(data: dict[str, Any], plots: Path, md_path: Path) -> None:
     print(f"wrote {md_path}")
     for path in write_plots(main, keys, loads, plots):
         print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
+
+
+def write_real_report(data: dict[str, Any], md_path: Path) -> None:
+    """The real-engine runs: saturation, the targets they can check (1 and 2), and per
+    workload the sweep tables and every class at the highest load."""
+    points = data["points"]
+    loads = sorted({p["point"]["load"] for p in points})
+    keys = [k for k in ("chat", "long-prompt", "reasoning", "multi-tenant")
+            if any(p["point"]["workload"] == k for p in points)]  # fmt: skip
+    engine = data["engine"]
+    lines = [f"Real engine: {engine['model']}, token budget {engine['max_num_batched_tokens']}, "
+             f"{engine['max_num_seqs']} seats; {data['machine']}; "
+             f"{data['engine_seconds']:.0f} s of engine time: `{data['command']}`", ""]  # fmt: skip
+    lines += ["### Saturation throughput", "", *capacity_table(data), ""]
+    lines += ["### Targets", "", *target_table(check_targets(data)), ""]
+    for key in keys:
+        lines += [f"### {key}", "", *sweep_tables(points, key, loads)]
+        lines += [f"All classes at load {loads[-1]:g}:", "", *detail_table(points, key, loads[-1])]
+        lines += [""]
+    md_path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {md_path}")
 
 
 # -- plots ----------------------------------------------------------------------------------

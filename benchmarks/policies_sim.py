@@ -56,6 +56,7 @@ class Point:
     num_requests: int
     options: tuple[tuple[str, Any], ...] = ()  # extra policy options (tuning studies)
     tag: str = ""  # names a variant: "" for the main sweep
+    max_num_seqs: int | None = None  # None: the setup's
 
 
 @cache
@@ -84,7 +85,7 @@ def simulate_point(point: Point, setup: SimSetup, probe: bool = False) -> dict[s
         cache=CacheConfig(block_size=setup.block_size),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=setup.max_num_batched_tokens,
-            max_num_seqs=setup.max_num_seqs,
+            max_num_seqs=point.max_num_seqs or setup.max_num_seqs,
             policy=point.policy,
             policy_options=options,
         ),
