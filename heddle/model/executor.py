@@ -103,6 +103,9 @@ class ModelExecutor:
                                  f"{self.max_model_len}")
             if len(s.block_table) * self.block_size < end:
                 raise ValueError(f"{s.request_id}: block table too short for {end} tokens")
+            table = s.block_table
+            if table and not 0 <= min(table) <= max(table) < self.num_blocks:
+                raise ValueError(f"{s.request_id}: block id outside 0..{self.num_blocks - 1}")
         return [s for s in scheduler_output.scheduled if s.token_ids]
 
     def _forward(

@@ -124,6 +124,8 @@ def test_broken_step_contract_fails_clearly(tiny):
 
     with pytest.raises(ValueError, match="block table"):
         executor.execute(step(0, [1, 2, 3, 4, 5], [0]))  # 5 tokens, one 4-token block
+    with pytest.raises(ValueError, match="block id"):
+        executor.execute(step(0, [1, 2], [executor.num_blocks]))
     with pytest.raises(ValueError, match="max_model_len"):
         executor.execute(step(512, [1], list(range(129))))
 
