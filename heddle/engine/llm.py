@@ -102,7 +102,7 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True)
-            for c in conversations  # type: ignore[union-attr]
+            for c in conversations
         ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
