@@ -40,6 +40,7 @@ VARIANTS: tuple[tuple[str, dict[str, Any], int | None, str], ...] = (
     ("slo", {"late_factor": 1.0}, None, "slo, default late_factor=1"),
     ("fcfs", {}, 1024, "fcfs, 1024 seats"),
     ("adaptive", {}, 1024, "adaptive, 1024 seats"),
+    ("mlfq", {"max_preemptions": 1}, None, "mlfq, max_preemptions=1"),
 )
 
 

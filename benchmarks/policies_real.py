@@ -107,6 +107,13 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
         help="simulate the plan instead (no model, no wall clock) to estimate its runtime",
     )
     p.add_argument("--cost-model", default=None, help="with --predict: a `heddle profile` JSON")
+    p.add_argument(
+        "--policy-option",
+        action="append",
+        default=[],
+        metavar="POLICY.KEY=VALUE",
+        help="override a policy option (VALUE as JSON: 1, 0.5, null), e.g. mlfq.max_preemptions=null",
+    )
 
 
 class RealBench:
@@ -121,6 +128,13 @@ class RealBench:
         self.model_config = ModelConfig(dtype=args.dtype)
         self.cache_config = CacheConfig(block_size=16, kv_cache_memory_gb=0.5)
         self.cost: Any = None
+        self.overrides: dict[str, dict[str, Any]] = {}
+        for item in args.policy_option:
+            name, _, value = item.partition("=")
+            policy, _, key = name.partition(".")
+            if not (policy and key and value):
+                raise SystemExit(f"--policy-option wants POLICY.KEY=VALUE, got {item!r}")
+            self.overrides.setdefault(policy, {})[key] = json.loads(value)
         if args.predict:
             self._simulated()
         else:
@@ -173,7 +187,7 @@ class RealBench:
         spec = REAL_WORKLOADS[key]
         args = self.args
         workload = spec.make(args.seed, rate, args.num_requests)
-        options = policy_options(policy, spec)
+        options = {**policy_options(policy, spec), **self.overrides.get(policy, {})}
         config = EngineConfig(
             model=self.model_config,
             cache=self.cache_config,

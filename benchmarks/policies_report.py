@@ -136,24 +136,31 @@ def target_table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def variant_table(points: Points) -> list[str]:
-    """Policies run with other options (tagged points) next to the tuned run and fcfs."""
-    rows = []
-    for p in points:
+    """Runs with other options or seats (tagged points) next to fcfs and the tuned policy, one
+    row per workload and load (seed 0): short-class p99 TTFT (s) / goodput (req/s) / in SLO."""
+    variants = [p for p in points if p["point"]["tag"] not in ("", "orca")]
+    columns = ["fcfs"]
+    for p in variants:
+        for name in (p["point"]["policy"], p["point"]["tag"]):
+            if name not in columns:
+                columns.append(name)
+    cells: dict[tuple[str, float], dict[str, str]] = {}
+    for p in variants:
         q = p["point"]
-        if not q["tag"] or q["tag"] == "orca":
-            continue
-        base = get(points, q["workload"], q["policy"], q["load"], q["seed"])
-        fcfs = get(points, q["workload"], "fcfs", q["load"], q["seed"])
-        runs = [("fcfs", fcfs), (q["policy"], base), (q["tag"], p["metrics"])]
-        for label, m in runs[: 1 if q["policy"] == "fcfs" else 2] + runs[2:]:
-            if m is None:
-                continue
-            rows.append([q["workload"], f"{q['load']:g}", str(q["seed"]), label,
-                         _s(short_p99_ttft(m)), _s(m["overall"]["goodput"]),
-                         f"{m['overall']['total_token_throughput']:.0f}"])  # fmt: skip
-    header = ["workload", "load", "seed", "run", "short p99 TTFT (s)", "goodput (req/s)",
-              "tok/s"]  # fmt: skip
-    return _table(header, rows)
+        row = cells.setdefault((q["workload"], q["load"]), {})
+        row[q["tag"]] = _cell(p["metrics"])
+        for policy in ("fcfs", q["policy"]):
+            m = get(points, q["workload"], policy, q["load"], q["seed"])
+            if m is not None:
+                row[policy] = _cell(m)
+    rows = [[key, f"{load:g}", *(row.get(c, "-") for c in columns)]
+            for (key, load), row in cells.items()]  # fmt: skip
+    return _table(["workload", "load", *columns], rows)
+
+
+def _cell(m: Metrics) -> str:
+    o = m["overall"]
+    return f"{_s(short_p99_ttft(m))} / {_s(o['goodput'])} / {100 * (o['slo_attainment'] or 0):.0f}%"
 
 
 def orca_table(points: Points) -> list[str]:
@@ -258,7 +265,7 @@ def _series(
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=72)
+    fig.savefig(path, dpi=64)
     return path
 
 
