@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from heddle.errors import HeddleError
 from heddle.cli import parse_policy_options
+from heddle.errors import HeddleError
 from heddle.server.args import add_arguments, engine_config_from_args
 
 
