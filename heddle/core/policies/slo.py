@@ -3,9 +3,18 @@
 Each request has a TTFT and a TPOT target: its own (`Request.ttft_slo`/`tpot_slo`), else its
 class's (`ttft={"chat": 1.0}`), else the global default. Deadlines:
 - no token yet (waiting or mid-prefill): arrival + TTFT target;
-- after a token: that token's time + TPOT target (the next token is due then).
-Goodput first: a waiting request already overdue by more than `late_factor` TTFT targets is
-moved back by `late_shift` TTFT targets, a finite amount, so it still runs eventually.
+- after k tokens: first token's time + k TPOT targets, the latest the next token may come for
+  the mean TPOT to hold (token deadlines as in Andes, Liu et al. 2024): a request decoded
+  faster than its target has banked slack and may wait.
+Goodput first. A request whose first token is already late can no longer count for goodput:
+- a waiting one overdue by more than `late_factor` TTFT targets, and a running one whose first
+  token came late, are *lost*: their deadline moves back by `late_shift` TTFT targets (a finite
+  amount, so they still run eventually) and their TPOT no longer caps the step;
+- with `preempt`, a waiting request that can still make its first-token deadline may take the
+  seat (or blocks) of a running one that is lost, or whose banked slack covers waiting again
+  for its own TTFT target plus recomputing its context; lost requests go first, the one with
+  the least context (cheapest to recompute). `max_preemptions` (None: no bound) bounds how often
+  one request may be evicted.
 
 The step time is learned online (`StepTimeModel`: base + seconds per token). `step_limits` caps
 the token budget so the predicted step stays within `headroom` of the tightest TPOT target
@@ -15,6 +24,7 @@ alone cannot meet that target the cap would save no one, and the full budget is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from heddle.core.policies.base import Policy, SchedulerView, StepLimits
@@ -52,6 +62,8 @@ class SLOPolicy(Policy):
         late_shift: float = 10.0,
         min_prefill_tokens: int = 1,
         ewma_alpha: float = 0.1,
+        preempt: bool = True,
+        max_preemptions: int | None = None,
     ) -> None:
         super().__init__()
         self.ttft = _targets("ttft", ttft or {})
@@ -62,12 +74,16 @@ class SLOPolicy(Policy):
             raise ValueError(f"headroom must be in (0, 1], got {headroom}")
         if late_factor < 0 or late_shift < 0 or min_prefill_tokens < 0:
             raise ValueError("late_factor, late_shift and min_prefill_tokens must be >= 0")
+        if max_preemptions is not None and max_preemptions < 0:
+            raise ValueError(f"max_preemptions must be >= 0 or None, got {max_preemptions}")
         self.default_ttft = float(default_ttft)
         self.default_tpot = float(default_tpot)
         self.headroom = float(headroom)
         self.late_factor = float(late_factor)
         self.late_shift = float(late_shift)
         self.min_prefill_tokens = int(min_prefill_tokens)
+        self.preempt = bool(preempt)
+        self.max_preemptions = max_preemptions
         self.step_model = StepTimeModel(alpha=ewma_alpha)
         self.last_cap: int | None = None  # the token budget of the last step, if capped
 
@@ -82,24 +98,64 @@ class SLOPolicy(Policy):
             return request.tpot_slo
         return self.tpot.get(request.request_class, self.default_tpot)
 
+    def first_token_late(self, request: Request) -> bool:
+        """Did the first token come after its TTFT target? (False before the first token.)"""
+        token_times = request.record.token_times
+        return bool(token_times) and (
+            token_times[0] - request.arrival_time > self.ttft_target(request)
+        )
+
+    def is_lost(self, request: Request, now: float) -> bool:
+        """Can this request no longer meet its TTFT target (beyond `late_factor` targets)?"""
+        if request.record.token_times:
+            return self.first_token_late(request)
+        ttft = self.ttft_target(request)
+        return now - (request.arrival_time + ttft) > self.late_factor * ttft
+
     def deadline(self, request: Request, now: float) -> float:
-        """When this request's next token is due, shifted back if its first token is hopeless."""
+        """When this request's next token is due; a lost request's is moved back."""
+        ttft = self.ttft_target(request)
+        if self.is_lost(request, now):
+            return request.arrival_time + (1.0 + self.late_shift) * ttft
         token_times = request.record.token_times
         if token_times:
-            return token_times[-1] + self.tpot_target(request)
-        ttft = self.ttft_target(request)
-        due = request.arrival_time + ttft
-        if now - due > self.late_factor * ttft:
-            return due + self.late_shift * ttft
-        return due
+            return token_times[0] + len(token_times) * self.tpot_target(request)
+        return request.arrival_time + ttft
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
         return (self.deadline(request, now), request.arrival_time, request.seq)
 
+    # -- preemption -------------------------------------------------------------------------
+    def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
+        """A lost request with the least context (cheapest to recompute), else the latest due."""
+        lost = [r for r in candidates if self.is_lost(r, now)]
+        if lost:
+            return min(lost, key=lambda r: (r.num_computed_tokens, -r.arrival_time, -r.seq))
+        return max(candidates, key=lambda r: self.sort_key(r, now))
+
+    def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
+        """For a request that can still be on time: a lost victim, or one with slack to spare."""
+        if not (
+            self.preempt
+            and (
+                self.max_preemptions is None or victim.record.num_preemptions < self.max_preemptions
+            )
+            and not request.record.token_times
+            and now < request.arrival_time + self.ttft_target(request)
+            and victim.record.token_times
+        ):
+            return False
+        if self.first_token_late(victim):
+            return True
+        recompute = self.step_model.predict(victim.num_tokens) if self.step_model.fitted else 0.0
+        return self.deadline(victim, now) - now > self.ttft_target(victim) + recompute
+
     # -- step shape -------------------------------------------------------------------------
     def step_limits(self, view: SchedulerView) -> StepLimits:
         self.last_cap = None
-        decoding = [r for r in view.running if r.record.token_times]
+        decoding = [
+            r for r in view.running if r.record.token_times and not self.first_token_late(r)
+        ]
         if not decoding or not self.step_model.fitted:
             return StepLimits(view.token_budget, view.max_num_seqs)
         tightest = min(self.tpot_target(r) for r in decoding)

@@ -112,3 +112,74 @@ def test_step_time_is_learned_from_the_steps_that_ran():
         sched.update(out, sample_all(out, duration=0.01 + 0.001 * out.num_scheduled_tokens))
     base, per_token = sched.policy.step_model.coefficients()
     assert base == pytest.approx(0.01) and per_token == pytest.approx(0.001)
+
+
+def seated(sched, request_id, first_token_time):
+    """Admit `request_id` alone and give it its first token at `first_token_time`."""
+    out = sched.schedule()
+    assert scheduled(out) == {request_id: 8}
+    sched.clock.advance(first_token_time - sched.clock.now())
+    sched.update(out, sample_all(out))
+
+
+@pytest.mark.parametrize(("first_token_time", "evicted"), [(0.2, False), (0.8, True)])
+def test_a_fresh_request_takes_the_seat_of_a_lost_one_only(first_token_time, evicted):
+    sched = create_scheduler(policy="slo", max_num_seqs=1, default_ttft=0.5)
+    sched.add_request(create_request("old", max_tokens=50))
+    seated(sched, "old", first_token_time)  # TTFT 0.2 s: on time; 0.8 s: lost
+    sched.add_request(create_request("new", arrival_time=first_token_time, first_token=300))
+    out = sched.schedule()
+    if evicted:
+        assert out.preempted_request_ids == ["old"]
+        assert scheduled(out) == {"new": 8}
+    else:
+        assert not out.preempted_request_ids and scheduled(out) == {"old": 1}
+
+
+def test_lost_requests_are_evicted_at_most_max_preemptions_times():
+    sched = create_scheduler(policy="slo", max_num_seqs=1, default_ttft=0.5, max_preemptions=1)
+    sched.add_request(create_request("old", max_tokens=50))
+    seated(sched, "old", 0.8)
+    sched.add_request(create_request("a", arrival_time=0.8, max_tokens=1, first_token=300))
+    out = sched.schedule()
+    assert out.preempted_request_ids == ["old"]
+    sched.update(out, sample_all(out))  # "a" finishes with its one token
+    # "old" (lost, deadline moved back) is seated again once the seat is free ...
+    out = sched.schedule()
+    assert scheduled(out) == {"old": 1}  # its 8 prompt tokens are in the prefix cache
+    assert sched.running[0].record.num_preemptions == 1
+    sched.update(out, sample_all(out))
+    # ... and a second fresh arrival may not evict it again.
+    sched.add_request(create_request("b", arrival_time=0.8, first_token=400))
+    out = sched.schedule()
+    assert not out.preempted_request_ids and scheduled(out) == {"old": 1}
+
+
+def test_a_lost_decode_does_not_cap_the_step():
+    sched = trained_scheduler(default_tpot=0.05, default_ttft=0.5)
+    sched.add_request(create_request("late", prompt_len=8, max_tokens=50))
+    out = sched.schedule()
+    sched.clock.advance(0.8)  # its first token comes 0.8 s after arrival: lost
+    sched.update(out, sample_all(out))
+    sched.add_request(create_request("c", prompt_len=60, arrival_time=0.8, first_token=300))
+    out = sched.schedule()
+    assert sched.policy.last_cap is None
+    assert scheduled(out) == {"c": 60, "late": 1}
+
+
+@pytest.mark.parametrize(("decode_steps", "evicted"), [(1, False), (10, True)])
+def test_an_on_time_decode_yields_its_seat_only_with_banked_slack(decode_steps, evicted):
+    # TPOT target 0.2 s, steps of 0.01 s: every token banks 0.19 s of slack. A newcomer may take
+    # the seat once the slack covers waiting a whole TTFT target (0.5 s) again plus recompute.
+    sched = create_scheduler(policy="slo", max_num_seqs=1, default_ttft=0.5, default_tpot=0.2)
+    sched.add_request(create_request("old", max_tokens=50))
+    seated(sched, "old", 0.1)  # on time
+    for _ in range(decode_steps - 1):
+        out = sched.schedule()
+        sched.clock.advance(0.01)
+        sched.update(out, sample_all(out))
+    now = sched.clock.now()
+    sched.add_request(create_request("new", arrival_time=now, first_token=300))
+    out = sched.schedule()
+    assert out.preempted_request_ids == (["old"] if evicted else [])
+    assert scheduled(out) == ({"new": 8} if evicted else {"old": 1})
