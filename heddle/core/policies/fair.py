@@ -4,7 +4,8 @@ Each user has a counter of the weighted service it has received: `input_weight` 
 token computed, `output_weight` per token generated. The backlogged user with the smallest
 counter is served first. When a user becomes backlogged after idling, its counter is lifted to
 the smallest counter among the users already backlogged (or, if none is, to the largest counter
-of the users who left last): work-conserving, and no credit is banked while idle.
+of the users who left last): work-conserving, and no credit is banked while idle. Counters of
+idle users at or below that floor are forgotten, so memory follows the active users.
 
 Within one step the counters only move at the step's end, so admission interleaves users by
 their counters plus the prompt tokens already handed out this step, as VTC charges at admission.
@@ -65,6 +66,11 @@ class FairPolicy(Policy):
         for user in active - self._active:
             self.counters[user] = max(self.counter(user), floor)
         self._active = active
+        if len(self.counters) > 2 * len(active) + 16:
+            # An idle user at or below the floor would be lifted to it on return anyway: its
+            # counter says nothing, and a server meets many users once.
+            for user in [u for u, c in self.counters.items() if u not in active and c <= floor]:
+                del self.counters[user]
         return StepLimits(view.token_budget, view.max_num_seqs)
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:

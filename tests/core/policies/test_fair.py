@@ -85,3 +85,17 @@ def test_service_gap_between_backlogged_users_stays_within_the_vtc_bound():
     bound = 2 * max(32, 24 + 2 * 8)
     assert service_gap("fair") <= bound
     assert service_gap("fcfs") > 5 * bound  # ann's burst came first: bob waits behind it
+
+
+def test_counters_of_many_one_time_users_are_forgotten_without_changing_the_order():
+    policy = make_policy("fair")
+    policy.counters["heavy"] = 1e9  # idle, above any floor: must be remembered
+    for i in range(200):  # one-time users, each served once and gone
+        policy.step_limits(view(waiting=[create_request(f"r{i}", user=f"u{i}")]))
+        policy.counters[f"u{i}"] += 10.0
+    policy.step_limits(view(waiting=[create_request("x", user="steady")]))
+    assert len(policy.counters) < 40
+    assert policy.counters["heavy"] == 1e9
+    back = [create_request("h", arrival_time=0.0, user="heavy"), create_request("s", user="steady")]
+    policy.step_limits(view(waiting=back))
+    assert ids(policy.order_waiting(back, now=0.0)) == ["s", "h"]
