@@ -27,9 +27,14 @@ def decode_step(executor: ModelExecutor, batch: int, context: int, step_id: int)
     params = SamplingParams(temperature=0.0)
     scheduled = [
         ScheduledRequest(
-            request_id=f"r{i}", token_ids=[100 + i], start_position=context,
+            request_id=f"r{i}",
+            token_ids=[100 + i],
+            start_position=context,
             block_table=list(range(i * blocks_per_request, (i + 1) * blocks_per_request)),
-            sample=True, sampling_params=params, num_prompt_tokens=context, num_output_tokens=1,
+            sample=True,
+            sampling_params=params,
+            num_prompt_tokens=context,
+            num_output_tokens=1,
         )
         for i in range(batch)
     ]
@@ -47,8 +52,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
+    )
     for dtype in args.dtypes:
         blocks = max(args.batches) * ((args.context + 16) // 16 + 1)
         executor = ModelExecutor(
@@ -59,9 +66,11 @@ def main() -> None:
             decode_step(executor, batch, args.context, 0)  # warm-up
             times = [decode_step(executor, batch, args.context, s) for s in range(args.steps)]
             median = statistics.median(times)
-            print(f"{executor.model_name} {dtype:>8} batch {batch:>3} ctx {args.context}: "
-                  f"{median * 1e3:8.1f} ms/step  {batch / median:8.1f} tok/s  "
-                  f"(min {min(times) * 1e3:.1f} ms)")
+            print(
+                f"{executor.model_name} {dtype:>8} batch {batch:>3} ctx {args.context}: "
+                f"{median * 1e3:8.1f} ms/step  {batch / median:8.1f} tok/s  "
+                f"(min {min(times) * 1e3:.1f} ms)"
+            )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ STATIC_PROBE_REQUESTS = 600
 # evidence for the tuning and for how much a bigger batch absorbs: (policy, options, seats, tag).
 VARIANTS: tuple[tuple[str, dict[str, Any], int | None, str], ...] = (
     ("slo", {"late_factor": 1.0}, None, "slo, default late_factor=1"),
+    ("slo", {"preempt": False}, None, "slo, no preemption"),
     ("fcfs", {}, 1024, "fcfs, 1024 seats"),
     ("adaptive", {}, 1024, "adaptive, 1024 seats"),
     ("mlfq", {"max_preemptions": 1}, None, "mlfq, max_preemptions=1"),
@@ -175,7 +176,7 @@ def main() -> None:
     sim = sub.add_parser("sim", help="the study in the simulator")
     sim.add_argument("--workloads", default=",".join(SIM_WORKLOADS))
     sim.add_argument("--policies", default=",".join(POLICIES))
-    sim.add_argument("--loads", default="0.7,0.85,1.0,1.2,1.5", help="fractions of fcfs saturation")
+    sim.add_argument("--loads", default="0.7,0.85,1.0,1.2,1.5,2.0", help="fractions of fcfs saturation")
     sim.add_argument("--extra-seeds", default="1,2", help="seeds for the target checks")
     sim.add_argument(
         "--num-requests",

@@ -25,7 +25,7 @@ POLICIES = (
     "adaptive",
 )
 SIM_ONLY = frozenset({"oracle"})  # needs each request's true output length
-TARGET_LOADS = (1.0, 1.2, 1.5)  # the high loads (fractions of fcfs saturation) of the targets
+TARGET_LOADS = (1.0, 1.2, 1.5, 2.0)  # the high loads (fractions of fcfs saturation) of the targets
 
 
 @dataclass(frozen=True)
