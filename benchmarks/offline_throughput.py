@@ -185,12 +185,12 @@ def main() -> None:
     )
     bandwidth = memcpy_bandwidth()
     flops = gemm_flops(dtype)
-    weight_bytes = arch.num_params * arch.dtype_bytes
+    weight_bytes = arch.weight_bytes()
     rows = []
     for batch in batches:
         step = decode_step_times(llm_decode, batch, context=256, steps=24, vocab=arch.vocab_size)
         memory_floor = weight_bytes / bandwidth
-        compute_floor = 2 * arch.num_params * batch / flops
+        compute_floor = 2 * arch.num_params() * batch / flops
         rows.append(
             {
                 "batch": batch,

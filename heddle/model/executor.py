@@ -14,7 +14,7 @@ from heddle.model.device import resolve_device, resolve_dtype
 from heddle.model.llama import LlamaForCausalLM
 from heddle.model.loader import load_model
 from heddle.model.sampler import Sampler, SamplingRow
-from heddle.model.spec import ModelArch, ModelSpec
+from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
 
 
@@ -47,14 +47,13 @@ class ModelExecutor:
                                           device=self.device, max_positions=self.max_model_len,
                                           use_decode_kernel=use_decode_kernel)
         loaded.weights.clear()
-        dtype_bytes = torch.finfo(self.dtype).bits // 8
-        self.arch = ModelArch.from_spec(spec, dtype_bytes)
+        self.arch = spec.cost_spec(self.model_name, str(self.dtype).removeprefix("torch."))
 
         self.block_size = cache_config.block_size
         if cache_config.num_blocks is not None:
             self.num_blocks = cache_config.num_blocks
         else:
-            block_bytes = self.arch.kv_bytes_per_token * self.block_size
+            block_bytes = self.arch.kv_bytes_per_token() * self.block_size
             self.num_blocks = int(cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
             if self.num_blocks < 1:
                 raise HeddleError("kv_cache_memory_gb is too small for one KV block")

@@ -1,11 +1,15 @@
-"""What a loaded network looks like: its hyperparameters (`ModelSpec`) and the summary the
-simulator's cost model reads (`ModelArch`)."""
+"""What a loaded network looks like: its hyperparameters (`ModelSpec`), and the same network as
+the simulator's cost models see it (`ModelSpec.cost_spec`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from heddle.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from heddle.sim.specs import ModelSpec as CostModelSpec
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -73,42 +77,20 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    def cost_spec(self, name: str, dtype: str) -> CostModelSpec:
+        """This network as the simulator's cost models see it (sizes, KV bytes per token), with
+        weights and KV cache in `dtype` ("float32", "bfloat16", "float16")."""
+        from heddle.sim.specs import ModelSpec as CostModelSpec
 
-@dataclass(frozen=True, slots=True)
-class ModelArch:
-    """The shape of a model as the simulator's cost model sees it."""
-
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int  # bytes per weight and per KV-cache element at run time
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, dtype_bytes: int) -> ModelArch:
-        return cls(
-            num_layers=spec.num_layers,
-            hidden_size=spec.hidden_size,
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            intermediate_size=spec.intermediate_size,
-            vocab_size=spec.vocab_size,
-            dtype_bytes=dtype_bytes,
+        return CostModelSpec(
+            name=name,
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            intermediate_size=self.intermediate_size,
+            vocab_size=self.vocab_size,
+            dtype=dtype,
+            tie_word_embeddings=self.tie_word_embeddings,
         )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of all layers for one token."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    @property
-    def num_params(self) -> int:
-        """Parameters touched per token (embedding counted once, as the lm_head matmul)."""
-        attn = self.hidden_size * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
-        attn += self.num_heads * self.head_dim * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        return self.num_layers * (attn + mlp) + self.vocab_size * self.hidden_size
