@@ -103,6 +103,7 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     # they do in steady state (the simulator needed ~15 per seat for reasoning-mix).
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--output", type=Path, default=None, help="default: results/policies_real.json")
+    p.add_argument("--plots", type=Path, default=Path("docs/policies/real"))
     p.add_argument(
         "--predict",
         action="store_true",
@@ -279,4 +280,4 @@ def run_real(args: argparse.Namespace) -> None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {output}: {data['engine_seconds']:.0f} s of engine time")
-    write_real_report(data, output.with_suffix(".md"))
+    write_real_report(data, output.with_suffix(".md"), args.plots)

@@ -215,7 +215,7 @@ def write_report(data: dict[str, Any], plots: Path, md_path: Path) -> None:
         print(f"wrote {path} ({path.stat().st_size // 1024} KB)")
 
 
-def write_real_report(data: dict[str, Any], md_path: Path) -> None:
+def write_real_report(data: dict[str, Any], md_path: Path, plots: Path | None = None) -> None:
     """The real-engine runs: saturation, the targets they can check (1 and 2), and per
     workload the sweep tables and every class at the highest load."""
     points = data["points"]
@@ -234,6 +234,9 @@ def write_real_report(data: dict[str, Any], md_path: Path) -> None:
         lines += [""]
     md_path.write_text("\n".join(lines) + "\n")
     print(f"wrote {md_path}")
+    if plots is not None:
+        for path in write_plots(points, keys, loads, plots):
+            print(f"wrote {path}")
 
 
 # -- plots ----------------------------------------------------------------------------------
