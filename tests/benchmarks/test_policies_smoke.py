@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -82,3 +83,27 @@ def test_every_workload_spec_builds_and_every_policy_accepts_its_options():
         if r.request_class == "long"
     ]
     assert longs and all(600 <= r.prompt_len <= 1200 for r in longs)
+
+
+def test_real_mode_plan_runs_and_writes_report_and_plots(tmp_path):
+    """The real mode's code path with --predict (a cost model stands in for the CPU model)."""
+    import argparse
+
+    from policies_real import add_real_arguments, run_real
+
+    parser = argparse.ArgumentParser()
+    add_real_arguments(parser)
+    output = tmp_path / "real.json"
+    args = parser.parse_args(
+        ["--predict", "--workloads", "reasoning", "--policies", "fcfs,slo,static",
+         "--num-requests", "6", "--output", str(output), "--plots", str(tmp_path / "plots")]
+    )  # fmt: skip
+    run_real(args)
+    data = json.loads(output.read_text())
+    assert {c["point"]["policy"] for c in data["capacity"]} == {"fcfs", "static"}
+    assert {(p["point"]["policy"], p["point"]["load"]) for p in data["points"]} == {
+        ("fcfs", 0.7), ("fcfs", 1.5), ("slo", 0.7), ("slo", 1.5)
+    }  # fmt: skip
+    assert all(p["metrics"]["overall"]["num_completed"] == 6 for p in data["points"])
+    assert "### Targets" in output.with_suffix(".md").read_text()
+    assert (tmp_path / "plots" / "policies_latency.png").stat().st_size > 0
