@@ -7,6 +7,7 @@ so that one long request does not make every other request gather and attend ove
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,12 @@ class AttentionMetadata:
     sliding_window: int | None = None
 
 
+def _padded(tables: Sequence[Sequence[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """The first `lengths[i]` block ids of each table, padded with block 0 to the longest."""
+    width = max(lengths)
+    return [list(t[:n]) + [0] * (width - n) for t, n in zip(tables, lengths, strict=True)]
+
+
 def build_attention_metadata(
     *,
     decode_positions: list[int],
@@ -94,20 +101,18 @@ def build_attention_metadata(
                     + positions % block_size)
 
     num_blocks = [pos // block_size + 1 for pos in decode_positions]
-    decode_groups = []
     decode_tables = None
     if decode_kernel and num_decodes:
-        max_blocks = max(num_blocks)
-        tables = [t[:n] + [0] * (max_blocks - n)
-                  for t, n in zip(decode_block_tables, num_blocks, strict=True)]
         decode_tables = DecodeTables(
-            torch.tensor(tables, dtype=torch.int64).to(device),
+            torch.tensor(_padded(decode_block_tables, num_blocks), dtype=torch.int64).to(device),
             torch.tensor(decode_positions, dtype=torch.int64).add_(1).to(device),
         )
+    decode_groups = []
+    # The kernel reads the paged cache itself: no gather groups then.
     for row_start, row_end in [] if decode_kernel else split_decode_groups(num_blocks):
-        max_blocks = max(num_blocks[row_start:row_end])
-        tables = [decode_block_tables[row][: num_blocks[row]] for row in range(row_start, row_end)]
-        block_ids = torch.tensor([t + [0] * (max_blocks - len(t)) for t in tables],
+        rows = slice(row_start, row_end)
+        max_blocks = max(num_blocks[rows])
+        block_ids = torch.tensor(_padded(decode_block_tables[rows], num_blocks[rows]),
                                  dtype=torch.int64).reshape(-1)
         key_positions = torch.arange(max_blocks * block_size).unsqueeze(0)
         query_positions = torch.tensor(decode_positions[row_start:row_end]).unsqueeze(1)
