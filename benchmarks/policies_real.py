@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from policies_setup import (
     run_metrics,
     saturation_throughput,
 )
+
+from heddle.cli import parse_policy_options
 
 # CPU-scale SLOs: a decode step of ~32 sequences takes tens of milliseconds on two cores.
 CPU_INTERACTIVE = ClassSpec(ttft=2.0, tpot=0.25)
@@ -103,7 +106,12 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
     # they do in steady state (the simulator needed ~15 per seat for reasoning-mix).
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--output", type=Path, default=None, help="default: results/policies_real.json")
-    p.add_argument("--plots", type=Path, default=Path("docs/policies/real"))
+    p.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        help="default: docs/policies/real (with --predict: results/policies_real_predicted)",
+    )
     p.add_argument(
         "--predict",
         action="store_true",
@@ -133,11 +141,10 @@ class RealBench:
         self.cost: Any = None
         self.overrides: dict[str, dict[str, Any]] = {}
         for item in args.policy_option:
-            name, _, value = item.partition("=")
-            policy, _, key = name.partition(".")
-            if not (policy and key and value):
+            policy, dot, key_value = item.partition(".")
+            if not (policy and dot):
                 raise SystemExit(f"--policy-option wants POLICY.KEY=VALUE, got {item!r}")
-            self.overrides.setdefault(policy, {})[key] = json.loads(value)
+            self.overrides.setdefault(policy, {}).update(parse_policy_options([key_value]))
         if args.predict:
             self._simulated()
         else:
@@ -157,8 +164,9 @@ class RealBench:
             self.cost = ProfiledCostModel.load(self.args.cost_model)
         else:  # a lower bound: small CPU matmuls reach far less than the roofline's peaks
             self.cost = RooflineCostModel(model, "cpu-2core", dtype="float32")
-        block_bytes = self.cache_config.block_size * 2 * model.num_layers * model.num_kv_heads
-        block_bytes *= model.head_dim * 4  # float32
+        block_bytes = (
+            self.cache_config.block_size * replace(model, dtype="float32").kv_bytes_per_token()
+        )
         self.num_blocks = int(self.cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
         self.vocab, self.eos_token_id, self.max_model_len = model.vocab_size, SIM_EOS_TOKEN_ID, 8192
         self.describe = f"predicted by {self.cost.describe()}"
@@ -280,4 +288,7 @@ def run_real(args: argparse.Namespace) -> None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {output}: {data['engine_seconds']:.0f} s of engine time")
-    write_real_report(data, output.with_suffix(".md"), args.plots)
+    plots = args.plots or Path(
+        "results/policies_real_predicted" if args.predict else "docs/policies/real"
+    )
+    write_real_report(data, output.with_suffix(".md"), plots)
