@@ -114,13 +114,12 @@ class SLOPolicy(Policy):
 
     def deadline(self, request: Request, now: float) -> float:
         """When this request's next token is due; a lost request's is moved back."""
-        ttft = self.ttft_target(request)
         if self.is_lost(request, now):
-            return request.arrival_time + (1.0 + self.late_shift) * ttft
+            return request.arrival_time + (1.0 + self.late_shift) * self.ttft_target(request)
         token_times = request.record.token_times
         if token_times:
             return token_times[0] + len(token_times) * self.tpot_target(request)
-        return request.arrival_time + ttft
+        return request.arrival_time + self.ttft_target(request)
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
         return (self.deadline(request, now), request.arrival_time, request.seq)
