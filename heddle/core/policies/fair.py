@@ -48,6 +48,7 @@ class FairPolicy(Policy):
         self._last_left_counter = 0.0
         self._users: dict[str, str] = {}  # request_id -> user, for on_step_end
         self._finished: list[str] = []
+        self._prune_at = 32  # prune forgotten users' counters when the table grows past this
 
     def counter(self, user: str) -> float:
         return self.counters.get(user, 0.0)
@@ -66,11 +67,13 @@ class FairPolicy(Policy):
         for user in active - self._active:
             self.counters[user] = max(self.counter(user), floor)
         self._active = active
-        if len(self.counters) > 2 * len(active) + 16:
+        if len(self.counters) > self._prune_at:
             # An idle user at or below the floor would be lifted to it on return anyway: its
-            # counter says nothing, and a server meets many users once.
+            # counter says nothing, and a server meets many users once. The next prune waits
+            # for the table to double, so idle users above the floor cost no scan per step.
             for user in [u for u, c in self.counters.items() if u not in active and c <= floor]:
                 del self.counters[user]
+            self._prune_at = max(32, 2 * len(self.counters))
         return StepLimits(view.token_budget, view.max_num_seqs)
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
