@@ -296,9 +296,7 @@ def run_replay(spec: dict[str, Any], workload_data: dict[str, Any]) -> dict[str,
         )
         return holder["executor"]
 
-    result = simulate(
-        workload, config, factory, num_blocks=spec["num_blocks"], vocab_size=VOCAB
-    )
+    result = simulate(workload, config, factory, num_blocks=spec["num_blocks"], vocab_size=VOCAB)
     records = sorted(result.records, key=lambda r: r.request_id)
     return {"steps": holder["executor"].steps, "records": [record_fields(r) for r in records]}
 
@@ -306,8 +304,12 @@ def run_replay(spec: dict[str, Any], workload_data: dict[str, Any]) -> dict[str,
 def record_all() -> dict[str, Any]:
     workload = make_workload()
     replays = [dict(spec, data=replay_workload(spec)) for spec in REPLAYS]
-    return {"workload": workload, "configs": CONFIGS, "replays": replays, "runs": run_all(
-        workload, CONFIGS, replays)}
+    return {
+        "workload": workload,
+        "configs": CONFIGS,
+        "replays": replays,
+        "runs": run_all(workload, CONFIGS, replays),
+    }
 
 
 def run_all(
