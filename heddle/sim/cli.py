@@ -46,6 +46,9 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--label", default="simulate")
     o.add_argument("--sweep", default=None, metavar="rate=A:B:N", help="a load sweep")
     o.add_argument("--no-progress", action="store_true")
+    from heddle.router.cli import add_replica_arguments
+
+    add_replica_arguments(p)
 
 
 def _cost_model(args: argparse.Namespace) -> tuple[Any, Any, int]:
@@ -127,6 +130,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     from heddle.bench.client import parse_slo
     from heddle.metrics import print_summary, summarize
 
+    if getattr(args, "replicas", None) is not None:
+        from heddle.router.cli import run_cluster_simulate
+
+        return run_cluster_simulate(args)
     slo = parse_slo(args.slo)
     if args.sweep:
         return _run_sweep(args, slo)

@@ -1,0 +1,1 @@
+"""One file per routing policy; each registers itself by name."""
