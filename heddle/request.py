@@ -24,6 +24,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
     seed: int | None = None
+    # Draws of the seeded generator already used: a request resumed on another replica after k
+    # tokens continues the same random stream (heddle.cluster sets it).
+    seed_offset: int = 0
     max_tokens: int | None = 16  # None: up to the context length
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
@@ -53,6 +56,8 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens"
             )
+        if self.seed_offset < 0:
+            raise InvalidRequestError("seed_offset must be >= 0", "seed_offset")
         if self.min_tokens < 0:
             raise InvalidRequestError("min_tokens must be >= 0", "min_tokens")
         if self.logprobs is not None and self.logprobs < 0:

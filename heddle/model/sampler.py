@@ -154,6 +154,8 @@ class Sampler:
             assert row.params.seed is not None
             generator = torch.Generator(device=self.device)
             generator.manual_seed(row.params.seed)
+            for _ in range(row.params.seed_offset):  # resumed after that many draws
+                torch.rand((), generator=generator, device=self.device, dtype=torch.float64)
             self._generators[row.request_id] = generator
         return generator
 

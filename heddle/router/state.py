@@ -32,6 +32,10 @@ class ReplicaReport:
     # Sessions whose KV the replica keeps parked (agent sessions paused on a tool call).
     parked_sessions: frozenset[str] = frozenset()
     time: float = 0.0
+    # For /metrics only (the policies do not read them).
+    prefix_hit_rate: float = 0.0
+    num_preemptions: int = 0
+    num_steps: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight requests may take to finish after SIGTERM",
     )
     http.add_argument("--log-level", default="info", help="uvicorn's log level")
+    from heddle.cluster.args import add_cluster_arguments
+
+    add_cluster_arguments(parser)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -39,6 +42,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     """`heddle serve`: returns the exit status. Raises HeddleError for bad options or models."""
     if args.max_body_mb <= 0:
         raise HeddleError("--max-body-mb must be positive")
+    if args.replicas != 1 or args.ray_address is not None:
+        from heddle.cluster.args import run_cluster_from_args
+
+        return run_cluster_from_args(args, engine_config_from_args(args))
     return run_server(
         engine_config_from_args(args),
         host=args.host,

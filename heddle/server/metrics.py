@@ -129,6 +129,9 @@ class ServerMetrics:
             registry=r,
         )
         engine.add_listener(self.observe)
+        # A replicated engine (heddle.cluster) adds gauges per replica, labelled `replica`.
+        for collector in getattr(engine, "metric_collectors", list)():
+            r.register(collector)
 
     def observe(self, records: list[RequestRecord], steps: list[StepStat]) -> None:
         """Runs on the engine thread after each step."""
