@@ -154,14 +154,20 @@ def test_class_aware_keeps_bulk_traffic_in_its_lane() -> None:
     r.report(3, ReplicaReport(outstanding_tokens=50_000))
     assert r.route(request("l", prompt(1, 1500))) == 3
     assert r.route(request("b", cls="batch")) == 3
-    # Chat never lands there, even when the latency replicas are busier.
-    r.report(3, ReplicaReport(outstanding_tokens=0, num_received=2))
+    # Chat stays off a busy bulk replica, even when the latency replicas are busier still.
     for i in range(3):
-        r.report(i, ReplicaReport(outstanding_tokens=9000))
+        r.report(i, ReplicaReport(outstanding_tokens=40_000))
     assert {r.route(request(f"c{i}", prompt(i))) for i in range(6)} <= {0, 1, 2}
+    # An idle bulk replica (under spill_ratio x the latency lane's floor) takes chat too.
+    r.report(3, ReplicaReport(outstanding_tokens=100, num_received=2))
+    assert r.route(request("c9", prompt(9))) == 3
+    # A long prompt whose prefix a replica caches is a short prefill: not bulk.
+    r.finished(request("l", prompt(1, 1500)), 3, [])
+    assert not r.policy.is_bulk(request("l2", prompt(1, 1500) + prompt(2, 100)), r.healthy())
+    assert r.policy.is_bulk(request("l3", prompt(77, 1500)), r.healthy())
     # A lane with no healthy replica spills rather than fail.
     r.mark_down(3)
-    assert r.route(request("l2", prompt(2, 1500))) in (0, 1, 2)
+    assert r.route(request("l4", prompt(2, 1500))) in (0, 1, 2)
 
 
 def test_class_aware_priority_lane() -> None:
