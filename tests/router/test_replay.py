@@ -125,3 +125,16 @@ def test_constant_cost_scales_with_replicas() -> None:
         )
         times.append(result.elapsed)
     assert times[0] == pytest.approx(4 * times[1], rel=0.05)
+
+
+def test_the_simulate_command_runs_replicas(capsys: pytest.CaptureFixture[str]) -> None:
+    from heddle.cli import main
+
+    base = ["simulate", "--workload", "agent", "--num-requests", "6", "--rate", "2",
+            "--replicas", "3", "--no-progress"]  # fmt: skip
+    assert main([*base, "--router", "affinity", "--fail", "1@2+1"]) == 0
+    out = capsys.readouterr().out
+    assert "3 replicas, router affinity" in out and "0 tokens lost" in out
+    assert "replica  1:" in out and "1 failure(s)" in out
+    assert main([*base, "--router", "nope"]) == 2
+    assert "unknown router 'nope'" in capsys.readouterr().err
