@@ -142,6 +142,21 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="heddle-engine", daemon=True)
             self._thread.start()
 
+    async def start_async(self) -> None:
+        self.start()
+
+    @property
+    def model_name(self) -> str:
+        return getattr(self.engine.executor, "model_name", None) or "heddle"
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine.max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
     @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None

@@ -216,6 +216,18 @@ class Engine:
                 self.scheduler.finish_request(sequence.request.request_id, FinishReason.ABORT)
         return self._group_output(group)
 
+    def stop_sequence(self, request_id: str, index: int, stop: str) -> RequestOutput | None:
+        """End sequence `index` of a request on a stop string found outside the engine (a front
+        end that detokenizes); its KV blocks return to the pool. Returns the request's final
+        output once every sequence has finished, else None."""
+        group = self._groups.get(request_id)
+        if group is None or not 0 <= index < len(group.sequences):
+            return None
+        request = group.sequences[index].request
+        if not request.is_finished:
+            self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop)
+        return self._group_output(group) if group.finished else None
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._groups)
 

@@ -9,6 +9,7 @@ from typing import Any
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput, TokenLogprobs
 from heddle.engine.engine import Engine
+from heddle.errors import ModelLoadError
 
 EOS = 1
 ALPHABET = "abcdefghij "
@@ -62,15 +63,22 @@ def make_engine(
     num_blocks: int = 256,
     max_model_len: int = 256,
     step_time: float = 0.002,
+    fail_on_token: int | None = None,
     **scheduler: Any,
 ) -> Engine:
+    """Module-level, so that `functools.partial(make_engine, ...)` can start a core process."""
     config = EngineConfig(cache=CacheConfig(block_size=4), scheduler=SchedulerConfig(**scheduler))
     return Engine(
         config,
-        CycleExecutor(step_time),
+        CycleExecutor(step_time, fail_on_token),
         num_blocks=num_blocks,
         tokenizer=CharTokenizer(),
         eos_token_id=EOS,
         max_model_len=max_model_len,
         vocab_size=0x110000,
     )
+
+
+def unloadable_engine() -> Engine:
+    """A factory that fails as a bad --model does."""
+    raise ModelLoadError("no model at /nowhere")

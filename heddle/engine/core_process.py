@@ -1,0 +1,328 @@
+"""The engine core process: schedule and step, nothing else.
+
+Started by `CoreClient` (heddle/engine/core_client.py) as a child Python running `main()`, with a
+pickled `CoreSpec` on stdin. It builds its Engine (the model loads here), connects two
+ZeroMQ sockets to the front end, sends `Ready`, then loops:
+
+    take every pending command (Add / Abort / Stop / Shutdown) without waiting while busy
+    apply them between steps (aborts and stops free KV blocks before the next step)
+    one Engine.step()
+    send one StepBatch: new token ids per sequence, command answers, stats, records, events
+
+The engine here does not detokenize: the front end turns token ids into text, finds stop
+strings and sends `Stop` back. The core exits on `Shutdown`, when its parent process is gone,
+or when the front end's sockets close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from heddle.config import EngineConfig
+from heddle.engine.engine import Engine
+from heddle.engine.outputs import RequestOutput
+from heddle.engine.wire import (
+    Abort,
+    Add,
+    Command,
+    Delta,
+    Ready,
+    Rejected,
+    Shutdown,
+    Stats,
+    StepBatch,
+    Stop,
+    decode_commands,
+    encode_batch,
+    encode_ready,
+)
+from heddle.errors import HeddleError, InvalidRequestError, QueueFullError
+from heddle.request import RequestStatus
+
+logger = logging.getLogger(__name__)
+
+# When requests are queued but none can be scheduled (a child waiting on its parent), re-check
+# this often instead of spinning; when idle, check this often that the parent is still alive.
+_STALLED_POLL_MS = 5
+_IDLE_POLL_MS = 1000
+
+EngineFactory = Callable[[], Engine]
+
+
+@dataclass(slots=True)
+class CoreSpec:
+    """How to start one core: what it runs, where it talks, which CPUs it may use."""
+
+    factory: EngineFactory  # module-level function or functools.partial (it is pickled)
+    commands_address: str  # the front end binds; the core connects and reads
+    outputs_address: str  # the front end binds; the core connects and writes
+    cpus: tuple[int, ...] | None = None  # sched_setaffinity before the model loads
+    parent_pid: int = field(default_factory=os.getpid)
+
+
+def engine_from_config(config: EngineConfig, **engine_kwargs: Any) -> Engine:
+    """The default factory: the real model named in the config."""
+    return Engine.from_config(config, **engine_kwargs)
+
+
+class EngineCore:
+    """The loop around one Engine, talking through two sockets."""
+
+    def __init__(self, engine: Engine, commands: zmq.Socket, outputs: zmq.Socket) -> None:
+        self.engine = engine
+        engine.tokenizer = None  # the front end detokenizes and finds stop strings
+        self.commands = commands
+        self.outputs = outputs
+        self.live: set[str] = set()  # request ids the engine holds
+        self._finished_sent: set[tuple[str, int]] = set()
+        self._logprobs_sent: dict[tuple[str, int], int] = {}
+        self._scheduled_last_step = True
+        # Called after each pass; what they return rides in StepBatch.events.
+        self.event_sources: list[Callable[[], list[Any]]] = []
+
+    def run(self, parent_pid: int) -> None:
+        poller = zmq.Poller()
+        poller.register(self.commands, zmq.POLLIN)
+        first = StepBatch()
+        self.finish(first)  # the front end's stats start out right
+        self.outputs.send(encode_batch(first), copy=False)
+        while True:
+            busy = self.engine.has_unfinished_requests()
+            if not busy:
+                timeout: int | None = _IDLE_POLL_MS
+            else:
+                timeout = 0 if self._scheduled_last_step else _STALLED_POLL_MS
+            commands: list[Command] = []
+            if poller.poll(timeout):
+                while True:
+                    try:
+                        commands.extend(decode_commands(self.commands.recv(zmq.NOBLOCK)))
+                    except zmq.Again:
+                        break
+            if os.getppid() != parent_pid:
+                logger.warning("the front end is gone; the engine core exits")
+                return
+            batch = StepBatch()
+            shutdown = self.apply(commands, batch)
+            if shutdown:
+                for request_id in list(self.live):
+                    self._take(self.engine.abort_request(request_id), batch)
+                self.live.clear()
+                batch.final = True
+            elif self.engine.has_unfinished_requests():
+                self.step(batch)
+            self.finish(batch)
+            if commands or batch.deltas or batch.steps or batch.failed_ids or batch.final:
+                self.outputs.send(encode_batch(batch), copy=False)
+            if shutdown:
+                return
+
+    # -- commands ---------------------------------------------------------------------------
+    def apply(self, commands: list[Command], batch: StepBatch) -> bool:
+        """Apply commands in order; True on Shutdown."""
+        for command in commands:
+            if isinstance(command, Add):
+                self._add(command, batch)
+            elif isinstance(command, Abort):
+                ids = list(self.live) if command.request_id is None else [command.request_id]
+                for request_id in ids:
+                    self._take(self.engine.abort_request(request_id), batch)
+            elif isinstance(command, Stop):
+                output = self.engine.stop_sequence(command.request_id, command.index, command.stop)
+                self._take(output, batch)
+            elif isinstance(command, Shutdown):
+                return True
+        return False
+
+    def _add(self, command: Add, batch: StepBatch) -> None:
+        try:
+            self.engine.add_request(
+                command.request_id, command.prompt_token_ids, command.params, **command.kwargs
+            )
+        except InvalidRequestError as e:
+            batch.rejected.append(Rejected(command.request_id, "invalid", str(e), e.param))
+            return
+        except QueueFullError as e:
+            batch.rejected.append(Rejected(command.request_id, "queue_full", str(e)))
+            return
+        except Exception as e:  # a bug, not the client's fault: say so, keep serving
+            logger.exception("adding request %s failed", command.request_id)
+            batch.rejected.append(Rejected(command.request_id, "other", repr(e)))
+            return
+        self.live.add(command.request_id)
+        batch.accepted.append(command.request_id)
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self, batch: StepBatch) -> None:
+        steps_before = self.engine.num_steps
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            logger.exception("an engine step failed; failing the requests in flight")
+            batch.failed_ids = list(self.live)
+            batch.failure = f"the engine step failed: {e!r}"
+            for request_id in batch.failed_ids:
+                self.engine.abort_request(request_id)
+                self._forget(request_id)
+            self.live.clear()
+            self.engine.kv_cache.check_integrity()  # raises (ending the core) if beyond repair
+            return
+        self._scheduled_last_step = self.engine.num_steps != steps_before
+        for output in outputs:
+            self._take(output, batch)
+
+    def _take(self, output: RequestOutput | None, batch: StepBatch) -> None:
+        """The new part of an engine output, as one Delta per sequence that has news."""
+        if output is None:
+            return
+        request_id = output.request_id
+        for c in output.outputs:
+            key = (request_id, c.index)
+            if key in self._finished_sent:
+                continue
+            if not c.delta_token_ids and c.finish_reason is None:
+                continue
+            logprobs = None
+            if c.logprobs is not None:
+                sent = self._logprobs_sent.get(key, 0)
+                logprobs = c.logprobs[sent:]
+                self._logprobs_sent[key] = len(c.logprobs)
+            if c.finish_reason is not None:
+                self._finished_sent.add(key)
+            batch.deltas.append(
+                Delta(
+                    request_id,
+                    c.index,
+                    c.delta_token_ids,
+                    c.finish_reason,
+                    c.stop_reason,
+                    logprobs,
+                    output.num_cached_tokens,
+                )
+            )
+        if output.finished:
+            self.live.discard(request_id)
+            self._forget(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        for key in [k for k in self._finished_sent if k[0] == request_id]:
+            self._finished_sent.discard(key)
+        for key in [k for k in self._logprobs_sent if k[0] == request_id]:
+            del self._logprobs_sent[key]
+
+    def finish(self, batch: StepBatch) -> None:
+        """Stats, records, step stats and events of this pass."""
+        engine = self.engine
+        scheduler, kv = engine.scheduler, engine.kv_cache
+        waiting = list(scheduler.waiting)
+        batch.stats = Stats(
+            num_running=len(scheduler.running),
+            num_waiting=len(waiting),
+            num_preempted=sum(1 for r in waiting if r.status is RequestStatus.PREEMPTED),
+            num_preemptions_total=scheduler.num_preemptions,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_free=kv.num_free_blocks,
+            prefix_cache_hit_rate=kv.prefix_hit_rate,
+            num_steps=engine.num_steps,
+        )
+        if engine.finished_records:
+            batch.records = list(engine.finished_records)
+            engine.finished_records.clear()
+        if engine.step_stats:
+            batch.steps = list(engine.step_stats)
+            engine.step_stats.clear()
+        for source in self.event_sources:
+            batch.events.extend(source())
+
+
+def ready_message(engine: Engine) -> Ready:
+    tokenizer = engine.tokenizer
+    return Ready(
+        pid=os.getpid(),
+        model_name=getattr(engine.executor, "model_name", None) or "heddle",
+        max_model_len=engine.max_model_len,
+        vocab_size=engine.vocab_size,
+        eos_token_id=engine.eos_token_id,
+        num_blocks=engine.kv_cache.num_blocks,
+        block_size=engine.config.cache.block_size,
+        max_waiting=engine.config.scheduler.max_waiting,
+        tokenizer=pickle.dumps(portable_tokenizer(tokenizer)),
+    )
+
+
+def portable_tokenizer(tokenizer: Any) -> Any:
+    """A copy of the tokenizer that pickles (heddle's own is rebuilt from its parts)."""
+    from heddle.model.tokenizer import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        return Tokenizer(
+            tokenizer.backend,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            chat_template=tokenizer.chat_template,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    return tokenizer
+
+
+def serve(spec: CoreSpec) -> int:
+    """Run one core until it is told to stop; returns the exit status."""
+    # The front end decides when the core stops: a Ctrl-C reaches the whole process group,
+    # and the front end first drains its requests, then sends Shutdown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if spec.cpus:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(0, spec.cpus)
+    context = zmq.Context(io_threads=1)
+    commands = context.socket(zmq.PULL)
+    outputs = context.socket(zmq.PUSH)
+    for socket in (commands, outputs):
+        socket.setsockopt(zmq.LINGER, 2000)
+    commands.connect(spec.commands_address)
+    outputs.connect(spec.outputs_address)
+    try:
+        try:
+            engine = spec.factory()
+        except HeddleError as e:  # a bad model path or option: one line, no traceback
+            outputs.send(b"Euser\0" + str(e).encode())
+            return 1
+        outputs.send(b"R" + encode_ready(ready_message(engine)))
+        EngineCore(engine, commands, outputs).run(spec.parent_pid)
+    except Exception as e:
+        logger.exception("the engine core failed")
+        with contextlib.suppress(zmq.ZMQError):
+            outputs.send(b"Ecore\0" + f"the engine core failed: {e!r}".encode(), zmq.NOBLOCK)
+        return 1
+    finally:
+        commands.close()
+        outputs.close()
+        context.term()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s engine core: %(message)s")
+    spec = pickle.loads(sys.stdin.buffer.read())
+    if not isinstance(spec, CoreSpec):
+        print("heddle engine core: expected a CoreSpec on stdin", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    logger.debug("starting (pid %d)", os.getpid())
+    status = serve(spec)
+    logger.debug("exiting after %.1f s", time.monotonic() - start)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

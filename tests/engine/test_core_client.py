@@ -1,0 +1,230 @@
+"""CoreClient over a real engine core process running the model-free engine of tests/server.
+
+Each test starts its own core process (a fresh Python without torch: about 0.2 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import time
+
+import pytest
+
+from heddle.engine.async_engine import EngineDeadError, EngineStepError
+from heddle.engine.core_client import CoreClient
+from heddle.errors import HeddleError, InvalidRequestError, QueueFullError
+from heddle.request import SamplingParams
+from tests.server.fakes import make_engine, unloadable_engine
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+LONG = SamplingParams(max_tokens=200, ignore_eos=True)
+HELLO = [ord(c) for c in "hello"]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+async def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def with_core(test, **engine_options):
+    """Run `test(client)` against a started core; always shut it down."""
+
+    async def main():
+        client = CoreClient(functools.partial(make_engine, **engine_options))
+        await client.start_async()
+        try:
+            return await test(client)
+        finally:
+            await client.shutdown_async()
+            assert client.core_pid is None or not _alive(client.core_pid)
+
+    return run(main())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes (the client reaps it on close).
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+async def _collect(client, request_id, prompt, params):
+    return [o async for o in client.generate(request_id, prompt, params)]
+
+
+def test_the_core_streams_detokenized_outputs_and_frees_its_blocks():
+    async def test(client):
+        assert client.model_name == "fake-model" and client.max_model_len == 256
+        assert client.core_pid != os.getpid()
+        outputs = await _collect(client, "r", HELLO, GREEDY)
+        await wait_until(lambda: client.stats.num_steps >= 5)
+        return outputs, client.stats
+
+    outputs, stats = with_core(test)
+    assert [o.finished for o in outputs] == [False] * 4 + [True]
+    assert "".join(o.outputs[0].delta_text for o in outputs) == "fghij"
+    assert outputs[-1].outputs[0].text == "fghij"
+    assert outputs[-1].outputs[0].token_ids == [ord(c) for c in "fghij"]
+    assert outputs[-1].outputs[0].finish_reason == "length"
+    assert stats.kv_blocks_used == 0 and stats.num_running == 0
+
+
+def test_a_stop_string_found_by_the_front_end_ends_the_sequence_in_the_core():
+    params = SamplingParams(max_tokens=100, ignore_eos=True, stop=("ij",))
+
+    async def test(client):
+        outputs = await _collect(client, "s", HELLO, params)
+        # The core ended it: no more steps, every block back.
+        await wait_until(lambda: client.stats.num_running == 0 and client.stats.kv_blocks_used == 0)
+        steps = client.stats.num_steps
+        await asyncio.sleep(0.05)
+        assert client.stats.num_steps == steps
+        return outputs
+
+    outputs = with_core(test)
+    deltas = [o.outputs[0].delta_text for o in outputs]
+    assert "".join(deltas) == "fgh"
+    assert all("i" not in d for d in deltas)  # the start of the stop string was held back
+    final = outputs[-1].outputs[0]
+    assert (final.finish_reason, final.stop_reason, final.text) == ("stop", "ij", "fgh")
+
+
+def test_n_sequences_logprobs_and_a_batch_of_requests():
+    params = SamplingParams(n=3, max_tokens=4, ignore_eos=True, logprobs=1)
+
+    async def test(client):
+        return await asyncio.gather(
+            *(_collect(client, f"g{i}", [97] * 5, params) for i in range(4))
+        )
+
+    for outputs in with_core(test):
+        final = outputs[-1]
+        assert final.finished
+        assert [c.index for c in final.outputs] == [0, 1, 2]
+        for c in final.outputs:
+            assert c.text == "fghi" and c.finish_reason == "length"
+            assert [lp.token_id for lp in c.logprobs] == [ord(ch) for ch in "fghi"]
+
+
+def test_the_cores_errors_come_back_as_the_engines_exceptions():
+    async def test(client):
+        with pytest.raises(InvalidRequestError, match="context"):
+            await client.add_request("long", [97] * 300, GREEDY)
+        with pytest.raises(InvalidRequestError, match="vocabulary"):
+            await client.add_request("bad", [-1], GREEDY)
+        with pytest.raises(QueueFullError):
+            await client.add_request("g", [97] * 5, SamplingParams(n=3, max_tokens=2))
+        outputs = await _collect(client, "ok", HELLO, GREEDY)
+        assert outputs[-1].finished
+
+    with_core(test, max_waiting=2)
+
+
+def test_abort_frees_the_blocks_within_a_step():
+    async def test(client):
+        stream = await client.add_request("r", [97] * 30, LONG)
+        await stream.__anext__()
+        await wait_until(lambda: client.stats.kv_blocks_used > 0)
+        client.abort("r")
+        rest = [o async for o in stream]
+        await wait_until(lambda: client.stats.kv_blocks_used == 0)
+        return rest
+
+    rest = with_core(test, step_time=0.01)
+    assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+
+
+def test_a_failing_step_fails_its_requests_and_the_core_serves_on():
+    async def test(client):
+        results = await asyncio.gather(
+            _collect(client, "a", [97] * 5, GREEDY),
+            _collect(client, "b", [97] * 5, GREEDY),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, EngineStepError) for r in results), results
+        # Prompts that never reach the failing letter still run.
+        return await _collect(client, "c", [97] * 5, SamplingParams(max_tokens=1))
+
+    outputs = with_core(test, fail_on_token=ord("h"))
+    assert outputs[-1].finished
+
+
+def test_killing_the_core_fails_every_request_then_a_new_core_serves():
+    async def test(client):
+        first_pid = client.core_pid
+        tasks = [asyncio.ensure_future(_collect(client, f"k{i}", [97] * 5, LONG)) for i in range(6)]
+        await wait_until(lambda: client.stats.num_running == 6)
+        os.kill(first_pid, signal.SIGKILL)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert "exited" in str(results[0])
+        # Unhealthy until the new core is up; new requests are refused meanwhile.
+        assert client.error is not None
+        with pytest.raises(EngineDeadError):
+            await client.add_request("during", HELLO, GREEDY)
+        await wait_until(lambda: client.error is None)
+        assert client.core_pid != first_pid and client.num_restarts == 1
+        outputs = await _collect(client, "after", HELLO, GREEDY)
+        await wait_until(lambda: client.stats.num_steps >= 5)
+        return outputs, client.stats
+
+    outputs, stats = with_core(test, step_time=0.01)
+    assert outputs[-1].outputs[0].text == "fghij"
+    assert stats.kv_blocks_used == 0
+
+
+def test_shutdown_aborts_in_flight_requests_and_refuses_new_ones():
+    async def main():
+        client = CoreClient(functools.partial(make_engine, step_time=0.01))
+        await client.start_async()
+        pid = client.core_pid
+        stream = await client.add_request("r", HELLO, LONG)
+        await stream.__anext__()
+        await client.shutdown_async()
+        outputs = [o async for o in stream]
+        assert outputs[-1].outputs[0].finish_reason == "abort"
+        with pytest.raises(EngineDeadError):
+            await client.add_request("late", HELLO, LONG)
+        assert not _alive(pid)
+
+    run(main())
+
+
+def test_listeners_get_the_cores_records_and_step_stats():
+    seen: list[str] = []
+    steps: list[int] = []
+
+    async def test(client):
+        client.add_listener(
+            lambda records, stats: (
+                seen.extend(r.request_id for r in records),
+                steps.extend(s.step_id for s in stats),
+            )
+        )
+        params = SamplingParams(n=2, max_tokens=3, ignore_eos=True)
+        await asyncio.gather(*(_collect(client, f"r{i}", [97] * 5, params) for i in range(3)))
+        await wait_until(lambda: len(seen) == 6)
+
+    with_core(test)
+    assert sorted(seen) == sorted(f"r{i}-{j}" for i in range(3) for j in range(2))
+    assert steps and steps == sorted(steps)
+
+
+def test_a_core_that_cannot_start_is_a_clear_error():
+    client = CoreClient(unloadable_engine)
+    with pytest.raises(HeddleError, match="no model at /nowhere") as error:
+        client.start()
+    assert not isinstance(error.value, EngineDeadError)  # the user's mistake, said in one line
+    client.shutdown()
