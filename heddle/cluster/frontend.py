@@ -219,6 +219,18 @@ class ClusterEngine:
             with contextlib.suppress(RuntimeError):  # no running loop: started by add_request
                 self._health_task = asyncio.get_running_loop().create_task(self._health_loop())
 
+    async def start_async(self) -> None:
+        """The EngineClient entry point (heddle/engine/client.py) the app's lifespan calls."""
+        self.start()
+
+    @property
+    def model_name(self) -> str:
+        return str(self.engine.executor.model_name)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine.max_model_len
+
     @property
     def is_running(self) -> bool:
         return not self._stopping

@@ -111,7 +111,7 @@ def run_cluster_server(
     try:
         aliases = [config.model.model] if config.model.model else []
         app = build_app(
-            engine,  # type: ignore[arg-type]
+            engine,
             tokenizer=engine.tokenizer,
             model_name=served_model_name,
             aliases=aliases,
@@ -127,7 +127,7 @@ def run_cluster_server(
             timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 5,
             lifespan="on",
         )
-        server = _DrainingServer(uvicorn_config, engine, shutdown_timeout)  # type: ignore[arg-type]
+        server = _DrainingServer(uvicorn_config, engine, shutdown_timeout)
         with _signals_end_gracefully():
             server.run()
     finally:

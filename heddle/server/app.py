@@ -1,8 +1,9 @@
-"""Build the FastAPI app over an AsyncEngine, and serve it with uvicorn.
+"""Build the FastAPI app over an engine client, and serve it with uvicorn.
 
-`build_app(async_engine)` is the ASGI app (tests run it in a thread); `run_server(config)` loads
-the model and serves until SIGTERM/SIGINT, then stops accepting connections, lets in-flight
-requests finish for up to `shutdown_timeout` seconds, aborts the rest and returns 0.
+`build_app(engine_client)` is the ASGI app (tests run it in a thread). `run_server(config)`
+starts the engine core in its own process (it loads the model), serves until SIGTERM/SIGINT,
+then stops accepting connections, lets in-flight requests finish for up to `shutdown_timeout`
+seconds, aborts the rest, stops the core and returns 0.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any, cast
 
 import uvicorn
@@ -22,6 +25,10 @@ from fastapi import FastAPI
 
 from heddle.config import EngineConfig
 from heddle.engine.async_engine import AsyncEngine
+from heddle.engine.client import EngineClient
+from heddle.engine.core_client import CoreClient
+from heddle.engine.core_process import engine_from_config
+from heddle.engine.cpus import available_cpus, plan_cpus
 from heddle.engine.engine import Engine
 from heddle.errors import HeddleError
 from heddle.server.errors import install_error_handlers
@@ -37,7 +44,7 @@ DEFAULT_PORT = 8000
 
 
 def build_app(
-    async_engine: AsyncEngine,
+    async_engine: EngineClient,
     *,
     tokenizer: ServerTokenizer | None = None,
     model_name: str | None = None,
@@ -47,17 +54,18 @@ def build_app(
     shutdown_engine: bool = True,
     shutdown_timeout: float = 10.0,
 ) -> FastAPI:
-    """The OpenAI-compatible app. The engine thread starts with the app; with
-    `shutdown_engine`, it is shut down (in-flight requests aborted) when the app stops."""
-    engine = async_engine.engine
-    tokenizer = tokenizer or cast(ServerTokenizer | None, engine.tokenizer)
+    """The OpenAI-compatible app over an engine client (an AsyncEngine in this process, or a
+    CoreClient whose engine core runs in its own process). The client is attached to the app's
+    event loop when the app starts; with `shutdown_engine`, it is shut down (in-flight requests
+    aborted) when the app stops."""
+    tokenizer = tokenizer or cast(ServerTokenizer | None, async_engine.tokenizer)
     if tokenizer is None or not hasattr(tokenizer, "encode"):
         raise HeddleError("the server needs a tokenizer with encode() and apply_chat_template()")
-    name = model_name or getattr(engine.executor, "model_name", None) or "heddle"
+    name = model_name or async_engine.model_name
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async_engine.start()
+        await async_engine.start_async()
         try:
             yield
         finally:
@@ -87,6 +95,9 @@ def build_app(
     return app
 
 
+ENGINE_CORE_MODES = ("process", "thread")
+
+
 def run_server(
     config: EngineConfig | None = None,
     *,
@@ -98,37 +109,55 @@ def run_server(
     shutdown_timeout: float = 10.0,
     log_level: str = "info",
     engine: Engine | None = None,
+    engine_core: str = "process",
     **engine_kwargs: Any,
 ) -> int:
-    """Load the model (unless `engine` is given) and serve until a signal; returns 0.
+    """Load the model and serve until a signal; returns 0.
 
+    `engine_core="process"` (the default) runs the engine core in its own process, which loads
+    the model; "thread" runs it in a thread of this process, as does passing a built `engine`.
     Raises HeddleError (e.g. ModelLoadError) for what the user can fix.
     """
-    if engine is None:
-        engine = Engine.from_config(config or EngineConfig(), **engine_kwargs)
-    async_engine = AsyncEngine(engine)
-    aliases = [config.model.model] if config is not None and config.model.model else []
-    app = build_app(
-        async_engine,
-        model_name=served_model_name,
-        aliases=aliases,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-        shutdown_timeout=shutdown_timeout,
-    )
-    uvicorn_config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        # A backstop only: _DrainingServer ends the requests itself at shutdown_timeout.
-        timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 5,
-        lifespan="on",
-    )
-    server = _DrainingServer(uvicorn_config, async_engine, shutdown_timeout)
-    with _signals_end_gracefully():
-        server.run()
-    async_engine.shutdown(shutdown_timeout)
+    if engine_core not in ENGINE_CORE_MODES:
+        raise HeddleError(f"unknown engine core mode {engine_core!r}: use process or thread")
+    config = config or EngineConfig()
+    client: EngineClient
+    if engine is None and engine_core == "process":
+        plan = plan_cpus(available_cpus(), config.model.num_threads)
+        if plan.core_threads != config.model.num_threads:
+            config = replace(config, model=replace(config.model, num_threads=plan.core_threads))
+        plan.pin_this_process()
+        core = CoreClient(partial(engine_from_config, config, **engine_kwargs), cpus=plan.core_cpus)
+        core.start()  # the model loads in the core; HeddleError here if it cannot
+        client = core
+    else:
+        if engine is None:
+            engine = Engine.from_config(config, **engine_kwargs)
+        client = AsyncEngine(engine)
+    aliases = [config.model.model] if config.model.model else []
+    try:
+        app = build_app(
+            client,
+            model_name=served_model_name,
+            aliases=aliases,
+            api_key=api_key,
+            max_body_bytes=max_body_bytes,
+            shutdown_timeout=shutdown_timeout,
+        )
+        uvicorn_config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            # A backstop only: _DrainingServer ends the requests itself at shutdown_timeout.
+            timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 5,
+            lifespan="on",
+        )
+        server = _DrainingServer(uvicorn_config, client, shutdown_timeout)
+        with _signals_end_gracefully():
+            server.run()
+    finally:
+        client.shutdown(shutdown_timeout)
     return 0
 
 
@@ -138,7 +167,7 @@ class _DrainingServer(uvicorn.Server):
     cancelled mid-write by uvicorn."""
 
     def __init__(
-        self, config: uvicorn.Config, async_engine: AsyncEngine, drain_timeout: float
+        self, config: uvicorn.Config, async_engine: EngineClient, drain_timeout: float
     ) -> None:
         super().__init__(config)
         self.async_engine = async_engine

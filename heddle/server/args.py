@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from heddle.cluster.args import add_cluster_arguments
 
     add_cluster_arguments(parser)
+    parser.add_argument(
+        "--engine-core",
+        choices=("process", "thread"),
+        default="process",
+        help="run the engine core in its own process (default) or in a thread of the server",
+    )
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -55,4 +61,5 @@ def run_from_args(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
+        engine_core=args.engine_core,
     )

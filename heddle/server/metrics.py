@@ -1,8 +1,8 @@
 """Prometheus metrics for /metrics, in a registry of the app's own (never the global one).
 
-Gauges are read from the engine's stats snapshot at scrape time; histograms are fed on the
-engine thread from the request records and step stats of each step (prometheus-client is
-thread-safe).
+Gauges are read from the engine's stats snapshot at scrape time; histograms are fed from the
+request records and step stats of each step, which the engine core sends with its step
+outputs (in-process: on the engine thread; prometheus-client is thread-safe).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from heddle.engine.async_engine import AsyncEngine
+from heddle.engine.client import EngineClient
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 
@@ -32,7 +32,7 @@ TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 class _EngineCollector(Collector):
     """Gauges of the engine's current state, read at scrape time."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
@@ -67,7 +67,7 @@ class _EngineCollector(Collector):
 
 
 class ServerMetrics:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_EngineCollector(engine))
         r = self.registry
@@ -134,7 +134,7 @@ class ServerMetrics:
             r.register(collector)
 
     def observe(self, records: list[RequestRecord], steps: list[StepStat]) -> None:
-        """Runs on the engine thread after each step."""
+        """After each step: on the engine thread (in-process) or the event loop (core process)."""
         for record in records:
             self.finished.labels(record.finish_reason or "unknown").inc()
             self.prompt_tokens.inc(record.num_prompt_tokens)

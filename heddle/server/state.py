@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from heddle.engine.async_engine import AsyncEngine
+from heddle.engine.client import EngineClient
 from heddle.server.errors import APIError
 from heddle.server.metrics import ServerMetrics
 
@@ -27,7 +27,7 @@ class ServerTokenizer(Protocol):
 
 @dataclass(slots=True)
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineClient
     tokenizer: ServerTokenizer
     model_name: str
     metrics: ServerMetrics
@@ -36,7 +36,7 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int | None:
-        return self.engine.engine.max_model_len
+        return self.engine.max_model_len
 
     def check_model(self, name: str | None) -> None:
         if name is None or name == self.model_name or name in self.aliases:
