@@ -1,7 +1,8 @@
 """SIGTERM: stop accepting, let short requests finish, cut long ones at the timeout, return 0.
 
-`run_server` runs in the test's main thread (where uvicorn listens for signals) over the shared
-model, and a helper thread sends SIGTERM to this process once two streams are under way.
+`run_server` runs in the test's main thread (where uvicorn listens for signals), over the shared
+model in a thread or with its own engine core process, and a helper thread sends SIGTERM to this
+process once two streams are under way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from heddle.server.app import run_server
-from tests.server.live import free_port, real_engine
+from tests.server.live import core_config, free_port, real_engine, shared_executor
 
 pytestmark = pytest.mark.slow
 
@@ -75,14 +76,20 @@ def _client_side(base_url: str, results: dict) -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # stop the server so the test can fail
 
 
-def test_sigterm_drains_in_flight_requests_and_returns_zero(capfd):
+@pytest.mark.parametrize("engine_core", ["thread", "process"])
+def test_sigterm_drains_in_flight_requests_and_returns_zero(capfd, engine_core):
     port = free_port()
     results: dict = {"short": {}, "long": {}}
     client = threading.Thread(target=_client_side, args=(f"http://127.0.0.1:{port}", results))
     client.start()
-    status = run_server(
-        port=port, engine=real_engine(max_num_seqs=4), shutdown_timeout=1.0, log_level="warning"
-    )
+    if engine_core == "thread":
+        engine = {"engine": real_engine(max_num_seqs=4)}
+        timeout = 1.0
+    else:  # what `heddle serve` runs: the model loads in the core process
+        shared_executor()  # skips without the embedded model
+        engine = {"config": core_config(max_num_seqs=4), "engine_core": "process"}
+        timeout = 3.0  # a fresh process: its first steps of each shape are slower
+    status = run_server(port=port, shutdown_timeout=timeout, log_level="warning", **engine)
     client.join(60)
     assert status == 0
     assert "error" not in results, results["error"]
