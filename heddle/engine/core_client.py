@@ -81,7 +81,10 @@ class _CoreHandle:
         spec = spec_for(commands_address, outputs_address)
         self.process = subprocess.Popen([sys.executable, "-c", _CORE_MAIN], stdin=subprocess.PIPE)
         assert self.process.stdin is not None
-        self.process.stdin.write(pickle.dumps(spec))
+        # The parent's import path first (as multiprocessing's spawn does), so that the factory
+        # unpickles wherever it was importable from here (a test package, say).
+        pickle.dump(list(sys.path), self.process.stdin)
+        pickle.dump(spec, self.process.stdin)
         self.process.stdin.close()
         self.pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):

@@ -343,7 +343,9 @@ def serve(spec: CoreSpec) -> int:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine core: %(message)s")
-    spec = pickle.loads(sys.stdin.buffer.read())
+    stdin = sys.stdin.buffer
+    sys.path[:0] = [entry for entry in pickle.load(stdin) if entry not in sys.path]
+    spec = pickle.load(stdin)
     if not isinstance(spec, CoreSpec):
         print("heddle engine core: expected a CoreSpec on stdin", file=sys.stderr)
         return 2

@@ -228,3 +228,38 @@ def test_a_core_that_cannot_start_is_a_clear_error():
         client.start()
     assert not isinstance(error.value, EngineDeadError)  # the user's mistake, said in one line
     client.shutdown()
+
+
+_FRONT_END = """
+import asyncio, functools, sys
+from heddle.engine.core_client import CoreClient
+from tests.server.fakes import make_engine
+
+async def main():
+    client = CoreClient(functools.partial(make_engine))
+    await client.start_async()
+    print(client.core_pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_the_core_exits_when_its_front_end_is_killed():
+    import subprocess
+    import sys
+
+    front = subprocess.Popen([sys.executable, "-c", _FRONT_END], stdout=subprocess.PIPE, text=True)
+    try:
+        assert front.stdout is not None
+        core_pid = int(front.stdout.readline())
+        assert _alive(core_pid)
+        front.kill()
+        front.wait(10)
+        deadline = time.monotonic() + 10
+        while _alive(core_pid):
+            assert time.monotonic() < deadline, "the orphaned core is still running"
+            time.sleep(0.05)
+    finally:
+        front.kill()
+        front.wait()
