@@ -15,7 +15,8 @@ Every request has a distinct random-token prompt (no prefix-cache hits), greedy 
 `ignore_eos`, so every path computes exactly the same number of tokens. Reported per path and
 concurrency: output tokens/s (all output tokens / wall time from the first submit to the last
 finish), median TTFT and median TPOT as the consumer sees them (a token counts when the loop,
-the stream or the HTTP chunk hands it over). A non-streaming response shows no token times.
+the stream or the HTTP chunk hands it over; a non-streaming response shows no token times), and
+for the servers the CPU seconds per second of their HTTP process and of the engine core process.
 
     /work/tools/bench /work/tools/py benchmarks/serving_path.py
 """
@@ -67,6 +68,9 @@ class Result:
     ttft_p50: float | None
     tpot_p50: float | None
     e2e_p50: float
+    # CPU seconds per wall second of the server's HTTP process and of its engine core process.
+    frontend_cpu: float | None = None
+    core_cpu: float | None = None
 
     @property
     def tok_s(self) -> float:
@@ -200,6 +204,17 @@ class Server:
                 raise RuntimeError(f"the server did not come up; see {log}")
             time.sleep(0.5)
 
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(this server's HTTP process, its children: the engine core) CPU seconds so far."""
+        import psutil
+
+        def total(process: psutil.Process) -> float:
+            times = process.cpu_times()
+            return float(times.user + times.system)
+
+        front = psutil.Process(self.process.pid)
+        return total(front), sum(total(child) for child in front.children(recursive=True))
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -281,16 +296,19 @@ def markdown(results: list[Result], baseline: str = "loop") -> str:
     base = {r.concurrency: r for r in results if r.path == baseline}
     lines = [
         "| path | concurrency | requests | output tok/s | vs loop | TTFT p50 (ms) "
-        "| TPOT p50 (ms) | E2E p50 (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| TPOT p50 (ms) | E2E p50 (s) | CPU: HTTP / core |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in sorted(results, key=lambda r: (r.concurrency, ALL_PATHS.index(r.path))):
         ratio = f"{r.tok_s / base[r.concurrency].tok_s:.0%}" if r.concurrency in base else ""
         ttft = f"{r.ttft_p50 * 1000:.0f}" if r.ttft_p50 is not None else "–"
         tpot = f"{r.tpot_p50 * 1000:.1f}" if r.tpot_p50 is not None else "–"
+        cpu = ""
+        if r.frontend_cpu is not None and r.core_cpu is not None:
+            cpu = f"{r.frontend_cpu:.2f} / {r.core_cpu:.2f}"
         lines.append(
             f"| {r.path} | {r.concurrency} | {r.num_requests} | {r.tok_s:.1f} | {ratio} "
-            f"| {ttft} | {tpot} | {r.e2e_p50:.2f} |"
+            f"| {ttft} | {tpot} | {r.e2e_p50:.2f} | {cpu} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -388,8 +406,13 @@ def main() -> None:
                 else:
                     server = servers[path.removesuffix("-stream")]
                     stream = path.endswith("-stream")
+                    cpu_before = server.cpu_seconds()
                     timings = run_http(server.base_url, batch, args.output_len, c, stream)
+                    cpu_after = server.cpu_seconds()
                 result = summarize(path, c, timings)
+                if path not in ("loop", "async"):
+                    result.frontend_cpu = (cpu_after[0] - cpu_before[0]) / result.wall
+                    result.core_cpu = (cpu_after[1] - cpu_before[1]) / result.wall
                 expected = n * args.output_len
                 if result.output_tokens != expected:
                     raise RuntimeError(f"{path} c={c}: {result.output_tokens} of {expected} tokens")
