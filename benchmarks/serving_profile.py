@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 
 
-def target(where: str, concurrency: int, output_len: int) -> None:
+def target(where: str, concurrency: int, output_len: int, maps_path: str) -> None:
     """The profiled program: warm up, then one measured run in `where` ("main" | "thread")."""
     sys.path.insert(0, str(ROOT))
     from serving_path import run_loop, summarize
@@ -45,6 +45,10 @@ def target(where: str, concurrency: int, output_len: int) -> None:
     run_loop(engine, prompts(concurrency), warm, concurrency)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     batch = prompts(concurrency)
+    # The parent attaches py-spy now (so the model load is not in the profile) and says go.
+    Path(maps_path).write_text(Path("/proc/self/maps").read_text())
+    print("READY", flush=True)
+    sys.stdin.readline()
     box: dict[str, list] = {}
     if where == "main":
         threading.current_thread().name = "engine-loop"
@@ -60,8 +64,29 @@ def target(where: str, concurrency: int, output_len: int) -> None:
     print(f"RESULT {where} {result.tok_s:.1f} tok/s, TPOT p50 {result.tpot_p50 * 1000:.1f} ms")
 
 
-def leaf_shares(raw: Path, top: int) -> tuple[int, list[tuple[str, float]], dict[str, int]]:
-    """(samples of the busiest thread, its top leaf frames with their share, samples per thread)."""
+def library_of(maps: list[tuple[int, int, str]], address: int) -> str:
+    for start, end, name in maps:
+        if start <= address < end:
+            return Path(name).name or "?"
+    return "?"
+
+
+def read_maps(path: Path) -> list[tuple[int, int, str]]:
+    maps = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 6:
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            maps.append((start, end, parts[5]))
+    return maps
+
+
+def leaf_shares(
+    raw: Path, maps: list[tuple[int, int, str]], top: int
+) -> tuple[int, list[tuple[str, float]], dict[str, int]]:
+    """(samples of the busiest thread, its top leaf frames with their share, samples per thread).
+
+    A native frame without a symbol is named by the library its address lies in."""
     per_thread: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -70,6 +95,8 @@ def leaf_shares(raw: Path, top: int) -> tuple[int, list[tuple[str, float]], dict
         frames = stack.split(";")
         thread = frames[0]
         leaf = re.sub(r" \(.*\)$", "", frames[-1]).strip()
+        if re.fullmatch(r"0x[0-9a-f]+", leaf):
+            leaf = f"[{library_of(maps, int(leaf, 16))}]"
         per_thread[thread][leaf] += int(count)
     totals = {thread: sum(c.values()) for thread, c in per_thread.items()}
     busiest = max(totals, key=lambda t: totals[t])
@@ -81,6 +108,7 @@ def leaf_shares(raw: Path, top: int) -> tuple[int, list[tuple[str, float]], dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=("main", "thread"), help=argparse.SUPPRESS)
+    parser.add_argument("--maps", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=96)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -88,7 +116,7 @@ def main() -> None:
     parser.add_argument("--output-dir", default="results/serving_profile")
     args = parser.parse_args()
     if args.target:
-        target(args.target, args.concurrency, args.output_len)
+        target(args.target, args.concurrency, args.output_len, args.maps)
         return
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = Path(args.output_dir)
@@ -96,18 +124,33 @@ def main() -> None:
     report = [f"command: `{' '.join(sys.argv)}`", ""]
     for where in ("main", "thread"):
         raw = out / f"{where}.txt"
+        maps_path = out / f"{where}.maps"
         start = time.perf_counter()
-        command = [
-            py_spy, "record", "-r", str(args.rate), "--native", "--threads", "-f", "raw",
-            "-o", str(raw), "--", sys.executable, __file__, "--target", where,
+        target_command = [
+            sys.executable, __file__, "--target", where, "--maps", str(maps_path),
             "--concurrency", str(args.concurrency), "--output-len", str(args.output_len),
         ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
-        _, leaves, threads = leaf_shares(raw, args.top)
+        program = subprocess.Popen(
+            target_command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert program.stdin is not None and program.stdout is not None
+        while not program.stdout.readline().startswith("READY"):
+            pass
+        command = [
+            py_spy, "record", "-r", str(args.rate), "--native", "--threads", "-f", "raw",
+            "-o", str(raw), "--pid", str(program.pid),
+        ]  # fmt: skip
+        spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2.0)  # py-spy attached
+        program.stdin.write("go\n")
+        program.stdin.flush()
+        result = next(line for line in program.stdout if line.startswith("RESULT")).strip()
+        program.wait()
+        spy.wait(60)
+        _, leaves, threads = leaf_shares(raw, read_maps(maps_path), args.top)
         report += [
             f"## loop in the {where} thread: {result.removeprefix('RESULT ' + where + ' ')} "
-            f"({time.perf_counter() - start:.0f} s with the model load)",
+            f"({time.perf_counter() - start:.0f} s with the model load, not profiled)",
             "",
             f"samples per thread: {dict(sorted(threads.items(), key=lambda kv: -kv[1]))}",
             "",
