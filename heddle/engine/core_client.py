@@ -150,8 +150,12 @@ class CoreClient:
         cpus: tuple[int, ...] | None = None,
         startup_timeout: float = 600.0,
         keep_records: bool = False,
+        event_source: Callable[[Any], Callable[[], list[Any]]] | None = None,
     ) -> None:
+        """`event_source(engine)` runs in the core and returns what to send after each step
+        (see CoreSpec); the front end hands it to `add_event_listener` callbacks."""
         self.factory = factory
+        self.event_source = event_source
         self.restart = restart
         self.cpus = cpus
         self.startup_timeout = startup_timeout
@@ -221,7 +225,9 @@ class CoreClient:
 
     def _spawn(self) -> tuple[_CoreHandle, Ready]:
         def spec_for(commands: str, outputs: str) -> CoreSpec:
-            return CoreSpec(self.factory, commands, outputs, self.cpus)
+            return CoreSpec(
+                self.factory, commands, outputs, self.cpus, event_source=self.event_source
+            )
 
         handle = _CoreHandle(self._context, spec_for)
         try:

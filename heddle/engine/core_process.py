@@ -70,6 +70,9 @@ class CoreSpec:
     cpus: tuple[int, ...] | None = None  # sched_setaffinity before the model loads
     parent_pid: int = field(default_factory=os.getpid)
     warm_up: bool = True  # one short request before Ready (see warm_up())
+    # Per-step data for the front end (the live view's decision events): given the engine, a
+    # callable that returns what to send after each step (msgpack-able values). Pickled.
+    event_source: Callable[[Engine], Callable[[], list[Any]]] | None = None
 
 
 def engine_from_config(config: EngineConfig, **engine_kwargs: Any) -> Engine:
@@ -328,7 +331,10 @@ def serve(spec: CoreSpec) -> int:
         if spec.warm_up:
             warm_up(engine)
         outputs.send(b"R" + encode_ready(ready_message(engine)))
-        EngineCore(engine, commands, outputs).run(spec.parent_pid)
+        core = EngineCore(engine, commands, outputs)
+        if spec.event_source is not None:
+            core.event_sources.append(spec.event_source(engine))
+        core.run(spec.parent_pid)
     except Exception as e:
         logger.exception("the engine core failed")
         with contextlib.suppress(zmq.ZMQError):

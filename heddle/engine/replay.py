@@ -119,9 +119,7 @@ def replay(
                     output_token_ids=output.outputs[0].token_ids,
                 )
                 if follow_up is not None:
-                    heapq.heappush(
-                        events, (start + follow_up.arrival_time, next_order, follow_up)
-                    )
+                    heapq.heappush(events, (start + follow_up.arrival_time, next_order, follow_up))
                     next_order += 1
 
     if bar is not None:

@@ -17,7 +17,7 @@ from heddle.engine.async_engine import EngineDeadError, EngineStepError
 from heddle.engine.core_client import CoreClient
 from heddle.errors import HeddleError, InvalidRequestError, QueueFullError
 from heddle.request import SamplingParams
-from tests.server.fakes import make_engine, unloadable_engine
+from tests.server.fakes import make_engine, step_counter, unloadable_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 LONG = SamplingParams(max_tokens=200, ignore_eos=True)
@@ -263,3 +263,20 @@ def test_the_core_exits_when_its_front_end_is_killed():
     finally:
         front.kill()
         front.wait()
+
+
+def test_per_step_events_reach_the_event_listeners():
+    seen: list[dict] = []
+
+    async def main():
+        client = CoreClient(functools.partial(make_engine), event_source=step_counter)
+        client.add_event_listener(seen.extend)
+        await client.start_async()
+        try:
+            await _collect(client, "r", HELLO, GREEDY)
+            await wait_until(lambda: len(seen) >= 5)
+        finally:
+            await client.shutdown_async()
+
+    run(main())
+    assert [e["num_steps"] for e in seen] == list(range(1, len(seen) + 1))

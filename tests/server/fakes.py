@@ -82,3 +82,17 @@ def make_engine(
 def unloadable_engine() -> Engine:
     """A factory that fails as a bad --model does."""
     raise ModelLoadError("no model at /nowhere")
+
+
+def step_counter(engine: Engine):  # -> Callable[[], list[dict]]
+    """An event source for a core: one event per step, saying which step it was."""
+
+    last = [0]
+
+    def events() -> list[dict]:
+        if engine.num_steps == last[0]:
+            return []
+        last[0] = engine.num_steps
+        return [{"num_steps": engine.num_steps}]
+
+    return events
