@@ -10,23 +10,17 @@ LRU order but keep their cached contents until the pool hands them out again (la
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# Hash of the (empty) prefix before a request's first block.
-ROOT_HASH = 0x6865646C65  # "hedle"
-
-
-def chain_hash(parent_hash: int, block_token_ids: Sequence[int]) -> int:
-    """Hash of a full block, chained so that equal hashes mean equal prefixes."""
-    return hash((parent_hash, tuple(block_token_ids)))
+from heddle.core.block_hash import BlockHash, hash_block_tokens, root_hash
 
 
 @dataclass(slots=True, eq=False)
 class KVBlock:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set while the block is registered in the prefix cache
+    block_hash: BlockHash | None = None  # set while the block is registered in the prefix cache
 
 
 class BlockPool:
@@ -38,7 +32,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         # Free blocks, least recently freed first; evicted from the front.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self._cached: dict[int, KVBlock] = {}
+        self._cached: dict[BlockHash, KVBlock] = {}
 
     @property
     def num_blocks(self) -> int:
@@ -80,27 +74,15 @@ class BlockPool:
             if block.ref_count == 0:
                 self._free[block.block_id] = None
 
-    def lookup(self, block_hash: int) -> KVBlock | None:
+    def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
 
-    def register(self, block: KVBlock, block_hash: int) -> None:
+    def register(self, block: KVBlock, block_hash: BlockHash) -> None:
         """Put a full, computed block in the prefix cache (first writer of a hash wins)."""
         if block.block_hash is not None or block_hash in self._cached:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
-
-    def evict_cached(self, count: int) -> int:
-        """Drop the cached contents of up to `count` free blocks, oldest first. Returns how many."""
-        evicted = 0
-        for block_id in self._free:
-            if evicted == count:
-                break
-            block = self.blocks[block_id]
-            if block.block_hash is not None:
-                self._uncache(block)
-                evicted += 1
-        return evicted
 
     def _uncache(self, block: KVBlock) -> None:
         if block.block_hash is not None:
@@ -127,22 +109,30 @@ class KVCacheManager:
     """Per-request block tables over a BlockPool, with prefix caching.
 
     The scheduler talks to it through a few verbs: `find_cached_prefix`, `allocate_slots`,
-    `commit_computed`, `free`, `fork`.
+    `commit_computed`, `free`.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        namespace: str = "",
     ) -> None:
         if block_size < 1:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # What besides the tokens makes this engine's KV differ (the model): mixed into every
+        # request's root hash.
+        self.namespace = namespace
         self.pool = BlockPool(num_blocks)
         # Per request, the ids of its blocks in position order. The scheduler hands these lists
         # to the executor as block tables without copying: nobody else may mutate them.
         self._tables: dict[str, list[int]] = {}
         # Chained hashes of each request's full blocks that are registered (or found) in the cache.
-        self._hashes: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[BlockHash]] = {}
+        self._roots: dict[str, BlockHash] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
 
@@ -170,8 +160,13 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def root_hash(self, cache_salt: str | None = None) -> BlockHash:
+        return root_hash(self.namespace, cache_salt)
+
     # -- verbs ------------------------------------------------------------------------------
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> tuple[list[KVBlock], list[int]]:
+    def find_cached_prefix(
+        self, token_ids: Sequence[int], cache_salt: str | None = None
+    ) -> tuple[list[KVBlock], list[BlockHash]]:
         """The longest run of cached full blocks that prefixes `token_ids`, with their hashes.
 
         At least one token is always left to compute, so the step that finishes the prompt
@@ -181,11 +176,11 @@ class KVCacheManager:
             return [], []
         max_blocks = (len(token_ids) - 1) // self.block_size
         blocks: list[KVBlock] = []
-        hashes: list[int] = []
-        parent = ROOT_HASH
+        hashes: list[BlockHash] = []
+        parent = self.root_hash(cache_salt)
         bs = self.block_size
         for i in range(max_blocks):
-            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs])
             block = self.pool.lookup(parent)
             if block is None:
                 break
@@ -202,7 +197,8 @@ class KVCacheManager:
         request_id: str,
         num_tokens: int,
         cached_blocks: Sequence[KVBlock] = (),
-        cached_hashes: Sequence[int] = (),
+        cached_hashes: Sequence[BlockHash] = (),
+        cache_salt: str | None = None,
     ) -> bool:
         """Make the request's block table cover `num_tokens` tokens.
 
@@ -223,6 +219,7 @@ class KVCacheManager:
         if request_id not in self._tables:
             self._tables[request_id] = table
             self._hashes[request_id] = list(cached_hashes)
+            self._roots[request_id] = self.root_hash(cache_salt)
         for block in cached_blocks:
             self.pool.acquire(block)
             table.append(block.block_id)
@@ -238,9 +235,9 @@ class KVCacheManager:
         hashes = self._hashes[request_id]
         num_full = min(num_computed // self.block_size, len(table))
         bs = self.block_size
-        parent = hashes[-1] if hashes else ROOT_HASH
+        parent = hashes[-1] if hashes else self._roots[request_id]
         for i in range(len(hashes), num_full):
-            parent = chain_hash(parent, token_ids[i * bs : (i + 1) * bs])
+            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs])
             hashes.append(parent)
             self.pool.register(self.pool.blocks[table[i]], parent)
 
@@ -248,29 +245,10 @@ class KVCacheManager:
         """Release every block of the request. Cached blocks stay findable until evicted."""
         table = self._tables.pop(request_id, None)
         self._hashes.pop(request_id, None)
+        self._roots.pop(request_id, None)
         if table:
             blocks = self.pool.blocks
             self.pool.release([blocks[i] for i in table])
-
-    def fork(self, parent_id: str, child_id: str, num_tokens: int) -> int:
-        """Give `child_id` shared references to the parent's full blocks among its first
-        `num_tokens` tokens, leaving at least one token for the child to compute.
-
-        Returns the number of tokens the child starts with as computed.
-        """
-        if child_id in self._tables:
-            raise ValueError(f"request {child_id} already has blocks")
-        parent = self._tables[parent_id]
-        num_shared = min((num_tokens - 1) // self.block_size, len(parent))
-        shared = parent[:num_shared]
-        for block_id in shared:
-            self.pool.acquire(self.pool.blocks[block_id])
-        self._tables[child_id] = list(shared)
-        self._hashes[child_id] = list(self._hashes[parent_id][:num_shared])
-        return num_shared * self.block_size
-
-    def evict_cached(self, count: int) -> int:
-        return self.pool.evict_cached(count)
 
     # -- queries ----------------------------------------------------------------------------
     def block_ids(self, request_id: str) -> list[int]:
@@ -283,18 +261,69 @@ class KVCacheManager:
     def has_blocks(self, request_id: str) -> bool:
         return request_id in self._tables
 
-    def check_integrity(self) -> None:
-        """Ref counts equal the number of tables holding each block; nothing in use is free."""
+    def check_integrity(self, num_computed: Mapping[str, int] | None = None) -> None:
+        """Raise AssertionError where the bookkeeping is inconsistent.
+
+        The pool: ref counts equal the number of tables holding each block, nothing in use is
+        free, the hash map and the blocks agree. Per request: its hash list covers a prefix of
+        its table. With `num_computed` (request id -> tokens with KV, for every request the
+        scheduler runs): exactly those requests hold tables, each table covers its computed
+        tokens, the computed full blocks are the registered ones, and every block a request
+        will still write (from its first uncomputed position on) is its alone and unregistered.
+        """
         self.pool.check_integrity()
         holders = [0] * self.pool.num_blocks
+        blocks = self.pool.blocks
+        bs = self.block_size
+        if self._hashes.keys() != self._tables.keys() or self._roots.keys() != self._tables.keys():
+            raise AssertionError("block tables and hash lists are kept for different requests")
         for request_id, table in self._tables.items():
             if len(set(table)) != len(table):
                 raise AssertionError(f"request {request_id} holds a block twice")
             for block_id in table:
                 holders[block_id] += 1
-        for block in self.pool.blocks:
+            hashes = self._hashes[request_id]
+            if len(hashes) > len(table):
+                raise AssertionError(f"request {request_id} has more block hashes than blocks")
+            for block_id, block_hash in zip(table, hashes, strict=False):
+                # Unregistered is fine: when two requests compute the same block, the first
+                # one's copy is registered.
+                if blocks[block_id].block_hash not in (None, block_hash):
+                    raise AssertionError(
+                        f"request {request_id}: block {block_id} is cached under another hash"
+                    )
+        for block in blocks:
             if block.ref_count != holders[block.block_id]:
                 raise AssertionError(
                     f"block {block.block_id}: ref count {block.ref_count}, "
                     f"held by {holders[block.block_id]} tables"
                 )
+        if num_computed is None:
+            return
+        if self._tables.keys() != num_computed.keys():
+            extra = sorted(self._tables.keys() - num_computed.keys())
+            missing = sorted(num_computed.keys() - self._tables.keys())
+            raise AssertionError(
+                f"block tables held by requests that do not run: {extra}; running without: "
+                f"{missing}"
+            )
+        for request_id, computed in num_computed.items():
+            table = self._tables[request_id]
+            if len(table) * bs < computed:
+                raise AssertionError(
+                    f"request {request_id}: {computed} computed tokens, {len(table)} blocks"
+                )
+            if self.enable_prefix_caching and len(self._hashes[request_id]) != min(
+                computed // bs, len(table)
+            ):
+                raise AssertionError(
+                    f"request {request_id}: {computed // bs} computed full blocks, "
+                    f"{len(self._hashes[request_id])} registered"
+                )
+            for block_id in table[computed // bs :]:
+                block = blocks[block_id]
+                if block.ref_count != 1 or block.block_hash is not None:
+                    raise AssertionError(
+                        f"request {request_id} will write into block {block_id}, which is "
+                        f"{'shared' if block.ref_count != 1 else 'registered'}"
+                    )
