@@ -65,10 +65,6 @@ class SamplingParams:
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", "stop")
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -105,6 +101,8 @@ class Request:
     parent_request_id: str | None = None
     # Simulated requests carry their true output length: they emit EOS there.
     true_output_len: int | None = None
+    # Requests with different salts never share prefix-cache entries (one salt per tenant).
+    cache_salt: str | None = None
     # Admission order, set by the scheduler: breaks ties between equal arrival times.
     seq: int = 0
 

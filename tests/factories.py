@@ -19,6 +19,8 @@ def create_scheduler(
     max_num_seqs: int = 8,
     policy: str = "fcfs",
     prefix_caching: bool = True,
+    long_prefill_token_threshold: int | None = None,
+    max_waiting: int | None = None,
     **policy_options: object,
 ) -> Scheduler:
     config = SchedulerConfig(
@@ -26,6 +28,8 @@ def create_scheduler(
         max_num_seqs=max_num_seqs,
         policy=policy,
         policy_options=dict(policy_options),
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        max_waiting=max_waiting,
     )
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
     return Scheduler(config, kv, VirtualClock())
@@ -48,6 +52,11 @@ def create_request(
         eos_token_id=EOS,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def scheduled_tokens(scheduler_output: SchedulerOutput) -> dict[str, int]:
+    """request id -> tokens it computes in the step, in the scheduler's order."""
+    return {s.request_id: len(s.token_ids) for s in scheduler_output.scheduled}
 
 
 def sample_all(

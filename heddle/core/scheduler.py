@@ -83,10 +83,6 @@ class Scheduler:
         self.policy.on_finished(request)
         return request
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.requests)
-
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -159,14 +155,20 @@ class Scheduler:
                 if not self._preempt_for(request, now, step, preempted, admitted):
                     break
                 seats += 1
-            cached_blocks, cached_hashes = kv.find_cached_prefix(request.all_token_ids)
+            cached_blocks, cached_hashes = kv.find_cached_prefix(
+                request.all_token_ids, request.cache_salt
+            )
             num_cached = len(cached_blocks) * kv.block_size
             lane = self.policy.lane_of(request)
             num_new = step.grant(lane, request.num_tokens - num_cached)
             if num_new <= 0:
                 continue
             while not kv.allocate_slots(
-                request.request_id, num_cached + num_new, cached_blocks, cached_hashes
+                request.request_id,
+                num_cached + num_new,
+                cached_blocks,
+                cached_hashes,
+                request.cache_salt,
             ):
                 if not self._preempt_for(request, now, step, preempted, admitted):
                     break
@@ -294,6 +296,32 @@ class Scheduler:
             updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
         return updated
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError where the scheduler's or the KV cache's state is inconsistent."""
+        running_ids = [r.request_id for r in self.running]
+        waiting_ids = [r.request_id for r in self.waiting]
+        if len(set(running_ids)) != len(running_ids) or len(set(waiting_ids)) != len(waiting_ids):
+            raise AssertionError("a request is queued twice")
+        if set(running_ids) & set(waiting_ids):
+            raise AssertionError("a request is both running and waiting")
+        if self.requests.keys() != set(running_ids) | set(waiting_ids):
+            raise AssertionError("the request table and the queues disagree")
+        for request in self.running:
+            if request.status is not RequestStatus.RUNNING:
+                raise AssertionError(f"running request {request.request_id} is {request.status}")
+            if not 0 <= request.num_computed_tokens <= request.num_tokens:
+                raise AssertionError(f"request {request.request_id}: bad computed count")
+        for request in self.waiting:
+            if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                raise AssertionError(f"waiting request {request.request_id} is {request.status}")
+            if request.num_computed_tokens:
+                raise AssertionError(f"waiting request {request.request_id} has computed tokens")
+        if len(self.running) > self.config.max_num_seqs:
+            raise AssertionError(
+                f"{len(self.running)} running requests, max_num_seqs={self.config.max_num_seqs}"
+            )
+        self.kv_cache.check_integrity({r.request_id: r.num_computed_tokens for r in self.running})
 
     @staticmethod
     def _stop_reason(request: Request, token_id: int) -> tuple[FinishReason | None, int | None]:

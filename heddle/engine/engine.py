@@ -71,7 +71,10 @@ class Engine:
         policy: Policy | None = None,
         record_steps: bool = True,
         final_outputs_only: bool = False,
+        kv_namespace: str = "",
     ) -> None:
+        """`kv_namespace` names what makes this engine's KV differ from another's (the model);
+        it is part of every prefix-cache hash."""
         self.config = config
         self.executor = executor
         self.clock: Clock = clock or WallClock()
@@ -80,7 +83,10 @@ class Engine:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.kv_cache = KVCacheManager(
-            num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
+            num_blocks,
+            config.cache.block_size,
+            config.cache.enable_prefix_caching,
+            namespace=kv_namespace,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.clock, policy)
         self.record_steps = record_steps
@@ -109,6 +115,7 @@ class Engine:
             eos_token_id=executor.eos_token_id,
             max_model_len=executor.max_model_len,
             vocab_size=executor.arch.vocab_size,
+            kv_namespace=f"{executor.model_name}:{executor.dtype}",
             **kwargs,
         )
 
@@ -128,6 +135,7 @@ class Engine:
         tpot_slo: float | None = None,
         output_len_hint: int | None = None,
         true_output_len: int | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request (n sequences when params.n > 1). Raises InvalidRequestError."""
         if request_id in self._groups:
@@ -163,6 +171,7 @@ class Engine:
                 output_len_hint=output_len_hint,
                 parent_request_id=parent_id,
                 true_output_len=true_output_len,
+                cache_salt=cache_salt,
             )
             detokenizer = None
             if self.tokenizer is not None:
@@ -364,8 +373,8 @@ class Engine:
         )
 
     def check_integrity(self) -> None:
-        """The KV pool is consistent; with no request left, every block is free."""
-        self.kv_cache.check_integrity()
+        """The scheduler and KV pool are consistent; with no request left, every block is free."""
+        self.scheduler.check_integrity()
         if not self.scheduler.requests and self.kv_cache.num_used_blocks:
             raise AssertionError(f"{self.kv_cache.num_used_blocks} KV blocks leaked")
 

@@ -8,9 +8,51 @@ from dataclasses import dataclass, field
 
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
+from heddle.core.policies import SchedulerView, StepLimits
 from heddle.engine.engine import Engine
-from heddle.request import SamplingParams
-from tests.factories import CountingExecutor, engine_config
+from heddle.request import Request, SamplingParams
+from tests.factories import CountingExecutor, engine_config, scheduled_tokens
+
+
+class StepChecks:
+    """Checks every step against the limits the policy set for it: the token budget (and each
+    lane's), the seat cap (no admission beyond it) and the configured maxima."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.policy = engine.scheduler.policy
+        self._step_limits = self.policy.step_limits
+        self.policy.step_limits = self._capture  # type: ignore[method-assign]
+        self.limits: StepLimits | None = None
+        self.num_running_before = 0
+        self.requests: dict[str, Request] = {}
+        self.num_checked = 0
+
+    def _capture(self, view: SchedulerView) -> StepLimits:
+        limits = self._step_limits(view)
+        self.limits = limits
+        self.num_running_before = len(view.running)
+        self.requests = {r.request_id: r for r in (*view.running, *view.waiting)}
+        return limits
+
+    def check(self, scheduler_output: SchedulerOutput) -> None:
+        """Called when the step is scheduled, before it runs."""
+        limits, config = self.limits, self.engine.config.scheduler
+        assert limits is not None
+        assert limits.token_budget <= config.max_num_batched_tokens
+        assert limits.max_num_seqs <= config.max_num_seqs
+        tokens = scheduled_tokens(scheduler_output)
+        assert sum(tokens.values()) <= limits.token_budget, (tokens, limits)
+        if config.long_prefill_token_threshold is not None:
+            assert max(tokens.values(), default=0) <= config.long_prefill_token_threshold
+        for lane, budget in limits.lane_budgets.items():
+            used = sum(
+                n for rid, n in tokens.items() if self.policy.lane_of(self.requests[rid]) == lane
+            )
+            assert used <= budget, (lane, used, budget)
+        running = len(self.engine.scheduler.running)
+        assert running <= max(limits.max_num_seqs, self.num_running_before), (running, limits)
+        self.num_checked += 1
 
 
 class TimedExecutor(CountingExecutor):
@@ -19,8 +61,11 @@ class TimedExecutor(CountingExecutor):
     def __init__(self, clock: VirtualClock, base: float = 0.01, per_token: float = 0.0) -> None:
         super().__init__(clock, step_time=base)
         self.per_token = per_token
+        self.checks: StepChecks | None = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        if self.checks is not None:
+            self.checks.check(scheduler_output)
         output = super().execute(scheduler_output)
         extra = self.per_token * scheduler_output.num_scheduled_tokens
         self.clock.advance(extra)
@@ -57,6 +102,7 @@ def make_engine(
         policy_options=policy_options,
     )
     engine = Engine(config, executor, num_blocks=num_blocks, clock=clock, eos_token_id=2)
+    executor.checks = StepChecks(engine)
     return engine, executor, clock
 
 
@@ -83,6 +129,7 @@ def run(engine: Engine, clock: VirtualClock, arrivals: list[Arrival], max_steps:
         for out in engine.step():
             if out.finished:
                 finished[out.request_id] = out
+        engine.check_integrity()  # every step, not only at the end
     raise AssertionError(f"not done after {max_steps} steps")
 
 

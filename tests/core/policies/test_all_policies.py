@@ -24,7 +24,7 @@ OPTIONS: dict[str, dict[str, object]] = {
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("policy", available_policies())
 def test_mixed_workload_runs_to_completion(policy: str, seed: int) -> None:
-    engine, _, clock = make_engine(
+    engine, executor, clock = make_engine(
         policy,
         num_blocks=48,
         max_num_batched_tokens=32,
@@ -42,6 +42,7 @@ def test_mixed_workload_runs_to_completion(policy: str, seed: int) -> None:
             assert len(completion.token_ids) == a.output_len, (a.request_id, policy)
             assert completion.finish_reason == "stop"
     engine.check_integrity()
+    assert executor.checks is not None and executor.checks.num_checked == len(executor.outputs)
     assert engine.kv_cache.num_used_blocks == 0
     assert not engine.scheduler.waiting and not engine.scheduler.running
 
