@@ -11,6 +11,10 @@ class ModelLoadError(HeddleError):
     """A model path that does not exist or is not a model heddle can load."""
 
 
+class ModelNotFoundError(ModelLoadError):
+    """No model where one was looked for (e.g. the embedded model's package is not installed)."""
+
+
 class InvalidRequestError(HeddleError):
     """A request the engine cannot serve: bad sampling parameters, prompt too long, ..."""
 

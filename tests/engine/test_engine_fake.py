@@ -140,6 +140,25 @@ def test_detokenizer_releases_held_text_that_is_not_a_stop():
     assert detok.take_delta(finished=True) == "STx"
 
 
+def test_detokenizer_holds_back_the_longest_stop_string_of_several():
+    """With stop=["STOP", "\n"], "STO" may still begin "STOP": it must not leak, even though
+    the shortest stop string needs no holdback at all."""
+    detok = IncrementalDetokenizer(CharDecoder(), [ord("x")], stop=("STOP", "\n"))
+    streamed = ""
+    for ch in "hi STO":
+        detok.add_tokens([ord(ch)])
+        streamed += detok.take_delta(finished=False)
+        assert "S" not in streamed, streamed
+    detok.add_tokens([ord("P")])
+    assert detok.stop_hit == "STOP"
+    streamed += detok.take_delta(finished=True)
+    assert streamed == "hi "
+    newline = IncrementalDetokenizer(CharDecoder(), [ord("x")], stop=("\n", "STOP"))
+    for ch in "ok\nmore":
+        newline.add_tokens([ord(ch)])
+    assert newline.stop_hit == "\n" and newline.take_delta(finished=True) == "ok"
+
+
 def test_a_group_is_queued_whole_or_not_at_all():
     from heddle.errors import QueueFullError
 

@@ -45,10 +45,14 @@ def test_scheduler_output_has_the_requested_shape(shape):
     for s in so.scheduled:
         assert len(s.block_table) * 16 >= s.context_len > (len(s.block_table) - 1) * 16
         assert all(0 < t < 100 for t in s.token_ids)
-        assert s.sampling_params.greedy
-        # A sampling request computes through the end of its known tokens.
+        assert s.sampling_params.temperature == 0.0
+        # A row samples exactly when it computes through the end of its known tokens; no row
+        # computes past them, and a row that does not sample stops short of its prompt's end.
         known = s.num_prompt_tokens + s.num_output_tokens
-        assert (s.context_len == known) == s.sample or s.context_len < known
+        assert s.context_len <= known
+        assert s.sample == (s.context_len == known)
+        if not s.sample:
+            assert s.context_len < s.num_prompt_tokens
 
 
 def test_too_many_blocks_is_an_error():

@@ -24,6 +24,18 @@ def test_counters_charge_prompt_and_output_tokens_by_weight():
     assert sched.policy.counters == {"ann": 17.0, "bob": 13.0}
 
 
+def test_a_prefill_chunk_that_does_not_sample_is_charged_input_weight_only():
+    sched = create_scheduler(policy="fair", max_num_batched_tokens=6, output_weight=3)
+    sched.add_request(create_request("a", prompt_len=10, max_tokens=5, user="ann"))
+    out = sched.schedule()  # 6 of the 10 prompt tokens: nothing is sampled
+    assert not out.scheduled[0].sample
+    sched.update(out, sample_all(out))
+    assert sched.policy.counters == {"ann": 6.0}
+    out = sched.schedule()  # the last 4 prompt tokens, and the first output token
+    sched.update(out, sample_all(out))
+    assert sched.policy.counters == {"ann": 13.0}
+
+
 def test_the_user_with_least_service_goes_first():
     policy = make_policy("fair")
     policy.counters.update({"ann": 100.0, "bob": 50.0})
