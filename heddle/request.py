@@ -4,13 +4,19 @@ There is no prefill or decode phase. A request has `all_token_ids` (prompt + out
 and `num_computed_tokens` (how many of them have K/V in the cache). Each step the scheduler
 gives a request some number of tokens to compute; when the computed tokens reach the end of
 `all_token_ids`, the step also samples the next token.
+
+What the scheduler and the policies decide from lives here (counts, the first token's time,
+preemptions); what reports need lives in the `RequestRecord` (every token's time, stall
+time, ...), which the scheduler writes at state changes and nobody decides from.
 """
 
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
+from heddle.core.block_hash import BlockHash
 from heddle.errors import InvalidRequestError
 from heddle.metrics.record import RequestRecord
 
@@ -106,27 +112,62 @@ class Request:
     # Admission order, set by the scheduler: breaks ties between equal arrival times.
     seq: int = 0
 
-    output_token_ids: list[int] = field(default_factory=list)
-    all_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)  # the prompt, then the outputs
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at first admission
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
+    # What policies decide from (the record is for reports).
+    first_token_time: float | None = None
+    num_preemptions: int = 0
     record: RequestRecord = field(init=False)
-    # The output length at which the request stops for length (max_tokens or the context).
+    num_prompt_tokens: int = field(init=False)
+    # The output length at which the request stops for length (max_tokens or the context),
+    # and the total length that makes.
     max_output_tokens: int = field(init=False)
+    max_num_tokens: int = field(init=False)
+    # Token ids that end the request once min_tokens are out: EOS (unless ignore_eos) and the
+    # stop token ids.
+    stop_token_set: frozenset[int] = field(init=False)
+
+    # -- bookkeeping of the KV cache manager (heddle/core/kv_cache.py) -----------------------
+    # Chained hashes of the full blocks of all_token_ids, computed once each, kept across
+    # preemption; the chain starts from `root_hash`.
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    root_hash: BlockHash | None = None
+    num_slots: int = 0  # tokens the request's block table can hold
+    num_committed_blocks: int = 0  # leading blocks registered in (or found in) the prefix cache
+    # -- bookkeeping of the scheduler ------------------------------------------------------
+    order_key: tuple[float, ...] = ()  # the policy's key, when its queues stay ordered
+    token_runs: array[int] = field(default_factory=lambda: array("q"))  # record.token_times.runs
+    known_to_executor: bool = False  # sent as a NewRequest since it was last admitted
+    num_slots_sent: int = 0  # num_slots when the executor last got the block table's end
+    # Accounting at state changes (heddle/core/accounting.py): whether the request is out of
+    # the step since `idle_*`, or in it since `busy_*`.
+    idle: bool = True
+    idle_stall_mark: float = 0.0
+    idle_blocked_mark: float = 0.0
+    busy_step_mark: int = 0
+    busy_utilization_mark: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise InvalidRequestError("the prompt must contain at least one token", "prompt")
         self.all_token_ids = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        params = self.sampling_params
         limits = [1 << 62]
-        if self.sampling_params.max_tokens is not None:
-            limits.append(self.sampling_params.max_tokens)
+        if params.max_tokens is not None:
+            limits.append(params.max_tokens)
         if self.max_model_len is not None:
             limits.append(self.max_model_len - len(self.prompt_token_ids))
         self.max_output_tokens = min(limits)
+        self.max_num_tokens = self.num_prompt_tokens + self.max_output_tokens
+        stops = set(params.stop_token_ids)
+        if self.eos_token_id is not None and not params.ignore_eos:
+            stops.add(self.eos_token_id)
+        self.stop_token_set = frozenset(stops)
         self.record = RequestRecord(
             request_id=self.request_id,
             arrival_time=self.arrival_time,
@@ -138,12 +179,14 @@ class Request:
         )
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def output_token_ids(self) -> list[int]:
+        """The output tokens so far (a copy: hot paths read all_token_ids from
+        num_prompt_tokens on)."""
+        return self.all_token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -157,7 +200,5 @@ class Request:
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-
     def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)

@@ -56,7 +56,7 @@ def create_request(
 
 def scheduled_tokens(scheduler_output: SchedulerOutput) -> dict[str, int]:
     """request id -> tokens it computes in the step, in the scheduler's order."""
-    return {s.request_id: len(s.token_ids) for s in scheduler_output.scheduled}
+    return scheduler_output.scheduled_tokens()
 
 
 def sample_all(
@@ -64,13 +64,24 @@ def sample_all(
 ) -> ExecutorOutput:
     """An executor output that samples `token` for every request that samples this step."""
     return ExecutorOutput(
-        sampled_token_ids={s.request_id: [token] for s in scheduler_output.scheduled if s.sample},
+        sampled_token_ids=[[token] if s else [] for s in scheduler_output.sample],
+        step_duration=duration,
+    )
+
+
+def sampled_by_id(
+    scheduler_output: SchedulerOutput, tokens: dict[str, list[int]], duration: float = 0.01
+) -> ExecutorOutput:
+    """An executor output from `request id -> tokens` (rows not named sample nothing)."""
+    return ExecutorOutput(
+        sampled_token_ids=[tokens.get(rid, []) for rid in scheduler_output.request_ids],
         step_duration=duration,
     )
 
 
 class CountingExecutor:
-    """A test double for the model: emits token (last position + 1) and EOS at true_output_len.
+    """A test double for the model: emits token (context length + 3) and EOS at
+    true_output_len. Keeps per-request state from the contract, as a real executor does.
 
     Advances a virtual clock by a fixed step time, as the simulator's executor does.
     """
@@ -82,18 +93,32 @@ class CountingExecutor:
         self.step_time = step_time
         self.vocab_size = vocab_size
         self.outputs: list[SchedulerOutput] = []
+        # request id -> [true output length, eos, output tokens so far]
+        self.state: dict[str, list] = {}
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
-        self.outputs.append(scheduler_output)
+        so = scheduler_output
+        self.outputs.append(so)
+        for request_id in (*so.finished_request_ids, *so.preempted_request_ids):
+            self.state.pop(request_id, None)
+        for new in so.new_requests:
+            self.state[new.request_id] = [new.true_output_len, new.eos_token_id,
+                                          new.num_output_tokens]  # fmt: skip
         self.clock.advance(self.step_time)
-        sampled = {}
-        for s in scheduler_output.scheduled:
-            if not s.sample:
+        sampled: list[list[int]] = []
+        for request_id, start, num_new, sample in zip(
+            so.request_ids, so.num_computed_tokens, so.num_new_tokens, so.sample, strict=True
+        ):
+            if not sample:
+                sampled.append([])
                 continue
-            if s.true_output_len is not None and s.num_output_tokens + 1 >= s.true_output_len:
-                sampled[s.request_id] = [s.eos_token_id if s.eos_token_id is not None else EOS]
+            state = self.state[request_id]
+            true_len, eos, num_output = state
+            state[2] += 1
+            if true_len is not None and num_output + 1 >= true_len:
+                sampled.append([eos if eos is not None else EOS])
             else:
-                sampled[s.request_id] = [3 + (s.context_len % (self.vocab_size - 3))]
+                sampled.append([3 + ((start + num_new) % (self.vocab_size - 3))])
         return ExecutorOutput(sampled_token_ids=sampled, step_duration=self.step_time)
 
 

@@ -10,10 +10,14 @@ LRU order but keep their cached contents until the pool hands them out again (la
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from heddle.core.block_hash import BlockHash, hash_block_tokens, root_hash
+
+if TYPE_CHECKING:
+    from heddle.request import Request
 
 
 @dataclass(slots=True, eq=False)
@@ -33,6 +37,7 @@ class BlockPool:
         # Free blocks, least recently freed first; evicted from the front.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, KVBlock] = {}
+        self.num_evictions = 0  # cached blocks whose contents were dropped to reuse the block
 
     @property
     def num_blocks(self) -> int:
@@ -88,6 +93,7 @@ class BlockPool:
         if block.block_hash is not None:
             del self._cached[block.block_hash]
             block.block_hash = None
+            self.num_evictions += 1
 
     def check_integrity(self) -> None:
         for block in self.blocks:
@@ -109,7 +115,10 @@ class KVCacheManager:
     """Per-request block tables over a BlockPool, with prefix caching.
 
     The scheduler talks to it through a few verbs: `find_cached_prefix`, `allocate_slots`,
-    `commit_computed`, `free`.
+    `commit_computed`, `free`. It keeps each request's block table; on the request it keeps
+    what the scheduler's fast path reads without a call (`num_slots`: tokens the table can
+    hold; `num_committed_blocks`) and the request's block hashes, which are computed once per
+    full block and survive preemption.
     """
 
     def __init__(
@@ -127,12 +136,9 @@ class KVCacheManager:
         # request's root hash.
         self.namespace = namespace
         self.pool = BlockPool(num_blocks)
-        # Per request, the ids of its blocks in position order. The scheduler hands these lists
-        # to the executor as block tables without copying: nobody else may mutate them.
+        # Per request, the ids of its blocks in position order (the live list: read it, never
+        # mutate it; the scheduler sends the executor copies of the new entries).
         self._tables: dict[str, list[int]] = {}
-        # Chained hashes of each request's full blocks that are registered (or found) in the cache.
-        self._hashes: dict[str, list[BlockHash]] = {}
-        self._roots: dict[str, BlockHash] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
 
@@ -160,92 +166,92 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def root_hash(self, cache_salt: str | None = None) -> BlockHash:
-        return root_hash(self.namespace, cache_salt)
+    # -- hashes -----------------------------------------------------------------------------
+    def _block_hash(self, request: Request, index: int) -> BlockHash:
+        """The hash of the request's block `index` (a full block), computing the chain up to it
+        the first time it is asked for."""
+        hashes = request.block_hashes
+        if index < len(hashes):
+            return hashes[index]
+        parent = hashes[-1] if hashes else request.root_hash
+        if parent is None:
+            parent = request.root_hash = root_hash(self.namespace, request.cache_salt)
+        tokens, bs = request.all_token_ids, self.block_size
+        for i in range(len(hashes), index + 1):
+            parent = hash_block_tokens(parent, tokens[i * bs : (i + 1) * bs])
+            hashes.append(parent)
+        return parent
 
     # -- verbs ------------------------------------------------------------------------------
-    def find_cached_prefix(
-        self, token_ids: Sequence[int], cache_salt: str | None = None
-    ) -> tuple[list[KVBlock], list[BlockHash]]:
-        """The longest run of cached full blocks that prefixes `token_ids`, with their hashes.
+    def find_cached_prefix(self, request: Request) -> list[KVBlock]:
+        """The longest run of cached full blocks that prefixes the request's tokens.
 
         At least one token is always left to compute, so the step that finishes the prompt
-        has logits to sample from.
+        has logits to sample from. Hashes are computed only as far as the lookup goes.
         """
         if not self.enable_prefix_caching:
-            return [], []
-        max_blocks = (len(token_ids) - 1) // self.block_size
+            return []
         blocks: list[KVBlock] = []
-        hashes: list[BlockHash] = []
-        parent = self.root_hash(cache_salt)
-        bs = self.block_size
-        for i in range(max_blocks):
-            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs])
-            block = self.pool.lookup(parent)
+        lookup = self.pool.lookup
+        for i in range((request.num_tokens - 1) // self.block_size):
+            block = lookup(self._block_hash(request, i))
             if block is None:
                 break
             blocks.append(block)
-            hashes.append(parent)
-        return blocks, hashes
+        return blocks
 
     def record_prefix_lookup(self, num_prompt_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_queries += num_prompt_tokens
         self.prefix_hits += num_hit_tokens
 
     def allocate_slots(
-        self,
-        request_id: str,
-        num_tokens: int,
-        cached_blocks: Sequence[KVBlock] = (),
-        cached_hashes: Sequence[BlockHash] = (),
-        cache_salt: str | None = None,
+        self, request: Request, num_tokens: int, cached_blocks: Sequence[KVBlock] = ()
     ) -> bool:
         """Make the request's block table cover `num_tokens` tokens.
 
         `cached_blocks` (from `find_cached_prefix`, only for a request with no table yet) are
         shared rather than allocated. Returns False, changing nothing, if the pool is short.
         """
+        request_id = request.request_id
         table = self._tables.get(request_id)
         if table is None:
             table = []
         elif cached_blocks:
             raise ValueError(f"request {request_id} already has blocks; cannot add cached ones")
         have = len(table) + len(cached_blocks)
-        need = self.blocks_needed(num_tokens) - have
+        need = -(-num_tokens // self.block_size) - have
         # Cached blocks that sit in the free pool are taken out of it by acquiring them.
         reclaimed = sum(1 for b in cached_blocks if b.ref_count == 0)
         if need > 0 and need > self.pool.num_free_blocks - reclaimed:
             return False
         if request_id not in self._tables:
             self._tables[request_id] = table
-            self._hashes[request_id] = list(cached_hashes)
-            self._roots[request_id] = self.root_hash(cache_salt)
+            request.num_committed_blocks = len(cached_blocks)
         for block in cached_blocks:
             self.pool.acquire(block)
             table.append(block.block_id)
         if need > 0:
             table.extend(b.block_id for b in self.pool.allocate(need))
+        request.num_slots = len(table) * self.block_size
         return True
 
-    def commit_computed(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+    def commit_computed(self, request: Request) -> None:
         """Register the request's newly full, computed blocks in the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        table = self._tables[request_id]
-        hashes = self._hashes[request_id]
-        num_full = min(num_computed // self.block_size, len(table))
-        bs = self.block_size
-        parent = hashes[-1] if hashes else self._roots[request_id]
-        for i in range(len(hashes), num_full):
-            parent = hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs])
-            hashes.append(parent)
-            self.pool.register(self.pool.blocks[table[i]], parent)
+        table = self._tables[request.request_id]
+        num_full = min(request.num_computed_tokens // self.block_size, len(table))
+        blocks = self.pool.blocks
+        for i in range(request.num_committed_blocks, num_full):
+            self.pool.register(blocks[table[i]], self._block_hash(request, i))
+        if num_full > request.num_committed_blocks:
+            request.num_committed_blocks = num_full
 
-    def free(self, request_id: str) -> None:
+    def free(self, request: Request) -> None:
         """Release every block of the request. Cached blocks stay findable until evicted."""
-        table = self._tables.pop(request_id, None)
-        self._hashes.pop(request_id, None)
-        self._roots.pop(request_id, None)
+        table = self._tables.pop(request.request_id, None)
+        request.num_slots = 0
+        request.num_committed_blocks = 0
         if table:
             blocks = self.pool.blocks
             self.pool.release([blocks[i] for i in table])
@@ -261,69 +267,68 @@ class KVCacheManager:
     def has_blocks(self, request_id: str) -> bool:
         return request_id in self._tables
 
-    def check_integrity(self, num_computed: Mapping[str, int] | None = None) -> None:
+    def check_integrity(self, running: Iterable[Request] | None = None) -> None:
         """Raise AssertionError where the bookkeeping is inconsistent.
 
         The pool: ref counts equal the number of tables holding each block, nothing in use is
-        free, the hash map and the blocks agree. Per request: its hash list covers a prefix of
-        its table. With `num_computed` (request id -> tokens with KV, for every request the
-        scheduler runs): exactly those requests hold tables, each table covers its computed
-        tokens, the computed full blocks are the registered ones, and every block a request
-        will still write (from its first uncomputed position on) is its alone and unregistered.
+        free, the hash map and the blocks agree. With `running` (every request the scheduler
+        runs): exactly those hold tables; each table covers the request's computed tokens and
+        `num_slots` says its size; its computed full blocks are the committed ones, each
+        cached under the request's own hash of it (or not cached: when two requests compute
+        the same block, the first one's copy is registered); and every block the request will
+        still write (from its first uncomputed position on) is its alone and unregistered.
         """
         self.pool.check_integrity()
         holders = [0] * self.pool.num_blocks
         blocks = self.pool.blocks
         bs = self.block_size
-        if self._hashes.keys() != self._tables.keys() or self._roots.keys() != self._tables.keys():
-            raise AssertionError("block tables and hash lists are kept for different requests")
         for request_id, table in self._tables.items():
             if len(set(table)) != len(table):
                 raise AssertionError(f"request {request_id} holds a block twice")
             for block_id in table:
                 holders[block_id] += 1
-            hashes = self._hashes[request_id]
-            if len(hashes) > len(table):
-                raise AssertionError(f"request {request_id} has more block hashes than blocks")
-            for block_id, block_hash in zip(table, hashes, strict=False):
-                # Unregistered is fine: when two requests compute the same block, the first
-                # one's copy is registered.
-                if blocks[block_id].block_hash not in (None, block_hash):
-                    raise AssertionError(
-                        f"request {request_id}: block {block_id} is cached under another hash"
-                    )
         for block in blocks:
             if block.ref_count != holders[block.block_id]:
                 raise AssertionError(
                     f"block {block.block_id}: ref count {block.ref_count}, "
                     f"held by {holders[block.block_id]} tables"
                 )
-        if num_computed is None:
+        if running is None:
             return
-        if self._tables.keys() != num_computed.keys():
-            extra = sorted(self._tables.keys() - num_computed.keys())
-            missing = sorted(num_computed.keys() - self._tables.keys())
+        running = list(running)
+        ids = {r.request_id for r in running}
+        if self._tables.keys() != ids:
             raise AssertionError(
-                f"block tables held by requests that do not run: {extra}; running without: "
-                f"{missing}"
+                f"block tables held by requests that do not run: "
+                f"{sorted(self._tables.keys() - ids)}; running without: "
+                f"{sorted(ids - self._tables.keys())}"
             )
-        for request_id, computed in num_computed.items():
-            table = self._tables[request_id]
-            if len(table) * bs < computed:
+        for request in running:
+            rid, computed = request.request_id, request.num_computed_tokens
+            table = self._tables[rid]
+            if len(table) * bs < computed or request.num_slots != len(table) * bs:
                 raise AssertionError(
-                    f"request {request_id}: {computed} computed tokens, {len(table)} blocks"
+                    f"request {rid}: {computed} computed tokens, {len(table)} blocks, "
+                    f"num_slots {request.num_slots}"
                 )
-            if self.enable_prefix_caching and len(self._hashes[request_id]) != min(
-                computed // bs, len(table)
-            ):
+            committed = request.num_committed_blocks
+            if self.enable_prefix_caching and committed != min(computed // bs, len(table)):
                 raise AssertionError(
-                    f"request {request_id}: {computed // bs} computed full blocks, "
-                    f"{len(self._hashes[request_id])} registered"
+                    f"request {rid}: {computed // bs} computed full blocks, {committed} "
+                    "registered"
                 )
+            hashes = request.block_hashes
+            if committed > len(hashes):
+                raise AssertionError(f"request {rid}: committed blocks without hashes")
+            for block_id, block_hash in zip(table[:committed], hashes, strict=False):
+                if blocks[block_id].block_hash not in (None, block_hash):
+                    raise AssertionError(
+                        f"request {rid}: block {block_id} is cached under another hash"
+                    )
             for block_id in table[computed // bs :]:
                 block = blocks[block_id]
                 if block.ref_count != 1 or block.block_hash is not None:
                     raise AssertionError(
-                        f"request {request_id} will write into block {block_id}, which is "
+                        f"request {rid} will write into block {block_id}, which is "
                         f"{'shared' if block.ref_count != 1 else 'registered'}"
                     )

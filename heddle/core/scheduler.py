@@ -11,17 +11,44 @@ of the token budget; when blocks run out the policy names a victim, which is pre
 recompute (its blocks are freed and it waits again; nothing is lost). Then, if no one was
 preempted, waiting requests are admitted in the policy's order while seats, budget and blocks
 last, their prompts chunked to fit the budget that is left.
+
+A step costs what changed: a request that keeps decoding costs its row in the output and a
+token in `update`; KV allocation and prefix-cache registration happen at block boundaries;
+queues of policies with fixed order keys stay sorted; stall time and the other per-request
+charges are made when a request's state changes (heddle/core/accounting.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from heddle.clock import Clock
 from heddle.config import SchedulerConfig
+from heddle.core.accounting import Accounting, StallReason
 from heddle.core.kv_cache import KVCacheManager
-from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
+from heddle.core.queues import ArrivalQueue, OrderedQueue, insert_sorted
+from heddle.core.step_builder import StepBuilder
 from heddle.errors import InvalidRequestError, QueueFullError
+from heddle.metrics.record import TokenTimeline, TokenTimes
 from heddle.request import FinishReason, Request, RequestStatus
+
+RUNNING = RequestStatus.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A summary of the scheduler's state (for a router, a status page, metrics)."""
+
+    num_running: int
+    num_waiting: int
+    num_preempted: int  # of the waiting, those preempted
+    num_preemptions_total: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_hit_rate: float
 
 
 class Scheduler:
@@ -31,36 +58,78 @@ class Scheduler:
         kv_cache: KVCacheManager,
         clock: Clock,
         policy: Policy | None = None,
+        *,
+        timeline: TokenTimeline | None = None,
     ) -> None:
         self.config = config
         self.kv_cache = kv_cache
         self.clock = clock
         self.policy = policy or make_policy(config.policy, **config.policy_options)
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []
+        # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
+        self._static_waiting = not self.policy.waiting_order_changes
+        self._static_running = not self.policy.running_order_changes
+        self.waiting: ArrivalQueue | OrderedQueue = (
+            OrderedQueue(self._order_key) if self._static_waiting else ArrivalQueue()
+        )
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_preempted_waiting = 0  # of the waiting requests, those preempted
+        self.accounting = Accounting()
+        # Every step's end time; token times of the records are indices into it.
+        self.timeline = timeline if timeline is not None else TokenTimeline()
         self._next_step_id = 0
         self._next_seq = 0
         self._finished_since_last_step: list[str] = []
+        self._unreported_finishes: list[Request] = []
+        # Requests finished while building or updating the current step (any reason).
+        self.finished_in_step: list[Request] = []
+        self._scheduled: list[Request] = []  # the rows of the last output, in order
+        self._step_start = 0.0
+
+    def _order_key(self, request: Request) -> tuple[float, ...]:
+        return self.policy.sort_key(request, self.clock.now())
 
     # -- requests in and out ----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            raise InvalidRequestError(f"duplicate request id {request.request_id!r}")
+        self.add_requests([request])
+
+    def add_requests(self, requests: Sequence[Request]) -> None:
+        """Queue requests (the n sequences of one client request): all of them, or none.
+
+        Raises InvalidRequestError (a duplicate id, a prompt the KV cache cannot hold) or
+        QueueFullError (the waiting queue bound: the one place it is checked).
+        """
+        kv = self.kv_cache
+        ids = set()
+        for request in requests:
+            if request.request_id in self.requests or request.request_id in ids:
+                raise InvalidRequestError(f"duplicate request id {request.request_id!r}")
+            ids.add(request.request_id)
+            if kv.blocks_needed(request.num_tokens + 1) > kv.num_blocks:
+                raise InvalidRequestError(
+                    f"the prompt needs {request.num_tokens + 1} tokens of KV cache but the "
+                    f"cache holds {kv.num_blocks * kv.block_size}",
+                    "prompt",
+                )
         bound = self.config.max_waiting
-        if bound is not None and len(self.waiting) >= bound:
-            raise QueueFullError(f"the waiting queue is full ({bound} requests); retry later")
-        if self.kv_cache.blocks_needed(request.num_tokens + 1) > self.kv_cache.num_blocks:
-            raise InvalidRequestError(
-                f"the prompt needs {request.num_tokens + 1} tokens of KV cache but the cache holds "
-                f"{self.kv_cache.num_blocks * self.kv_cache.block_size}",
-                "prompt",
+        if bound is not None and len(self.waiting) + len(requests) > bound:
+            raise QueueFullError(
+                f"the waiting queue is full ({len(self.waiting)} of {bound} places taken, "
+                f"{len(requests)} needed); retry later"
             )
-        request.seq = self._next_seq
-        self._next_seq += 1
-        self.requests[request.request_id] = request
-        self.waiting.append(request)
+        for offset, request in enumerate(requests):
+            request.seq = self._next_seq + offset
+        # Order keys first: a policy that cannot rank a request (oracle without a true
+        # length) raises here, before anything is queued.
+        keys = [self._order_key(r) for r in requests] if self._static_waiting else None
+        self._next_seq += len(requests)
+        for index, request in enumerate(requests):
+            times = request.record.token_times = TokenTimes(self.timeline)
+            request.token_runs = times.runs
+            self.requests[request.request_id] = request
+            self.waiting.add(request, None if keys is None else keys[index])
+            self.accounting.join(request)
 
     def finish_request(
         self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None
@@ -69,27 +138,51 @@ class Scheduler:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
-        if request.status is RequestStatus.RUNNING:
+        if request.status is RUNNING:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self.kv_cache.free(request_id)
+            if request.status is RequestStatus.PREEMPTED:
+                self.num_preempted_waiting -= 1
+        self.kv_cache.free(request)
+        self.accounting.finish(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.stop_reason = stop_reason
         request.record.finish_time = self.clock.now()
         request.record.finish_reason = reason.value
         self._finished_since_last_step.append(request_id)
+        self.finished_in_step.append(request)
         self.policy.on_finished(request)
         return request
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def take_unreported_finishes(self) -> list[Request]:
+        """Requests the scheduler finished on its own in `schedule` (one that can never fit),
+        which no `update` reported: the engine hands them out as finished."""
+        finished, self._unreported_finishes = self._unreported_finishes, []
+        return finished
+
+    def stats(self) -> SchedulerStats:
+        kv = self.kv_cache
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_preempted=self.num_preempted_waiting,
+            num_preemptions_total=self.num_preemptions,
+            kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_total=kv.num_blocks,
+            prefix_cache_hit_rate=kv.prefix_hit_rate,
+        )
+
     # -- one step ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         now = self.clock.now()
+        self.finished_in_step = []
         kv = self.kv_cache
+        policy = self.policy
         view = SchedulerView(
             now=now,
             running=self.running,
@@ -99,102 +192,196 @@ class Scheduler:
             num_free_blocks=kv.num_free_blocks,
             num_total_blocks=kv.num_blocks,
             block_size=kv.block_size,
+            waiting_is_ordered=self._static_waiting,
         )
-        limits = self.policy.step_limits(view)
-        step = _StepBudget(
-            limits.token_budget, limits.lane_budgets, self.config.long_prefill_token_threshold
+        limits = policy.step_limits(view)
+        step = StepBuilder(
+            limits.token_budget,
+            limits.lane_budgets,
+            self.config.long_prefill_token_threshold,
+            kv,
+            self._next_step_id,
         )
         preempted: list[Request] = []
 
         # 1. Running requests, most urgent first. Victims come from the ones not yet served.
-        ordered = self.policy.order_running(self.running, now)
-        for index, request in enumerate(ordered):
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            if step.tokens_left <= 0:
-                break
-            lane = self.policy.lane_of(request)
-            num_new = step.grant(lane, request.num_uncomputed_tokens)
-            if num_new <= 0:
-                continue
-            while not kv.allocate_slots(request.request_id, request.num_computed_tokens + num_new):
-                candidates = [r for r in ordered[index + 1 :] if r.status is RequestStatus.RUNNING]
-                candidates.append(request)
-                victim = self.policy.choose_victim(candidates, now)
-                if victim is request and len(self.running) == 1:
-                    # Alone and still too big: it can never fit. Stop it rather than loop.
-                    self.finish_request(request.request_id, FinishReason.LENGTH)
-                    break
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status is RequestStatus.RUNNING:
-                step.take(request, lane, num_new)
+        if self._static_running:
+            ordered = list(self.running)
+        else:
+            ordered = policy.order_running(self.running, now)
+        self._serve_running(ordered, step, preempted, now)
 
         # 2. Waiting requests, unless this step already had to preempt.
         if not preempted:
             self._admit_waiting(view, step, limits.max_num_seqs - len(self.running), preempted)
 
-        return self._build_output(step, preempted)
+        output = step.output
+        output.finished_request_ids = self._finished_since_last_step
+        output.preempted_request_ids = [r.request_id for r in preempted]
+        self._scheduled = step.requests
+        self._next_step_id += 1
+        self._finished_since_last_step = []
+        self._step_start = self.clock.now()
+        return output
+
+    def _serve_running(
+        self, ordered: list[Request], step: StepBuilder, preempted: list[Request], now: float
+    ) -> None:
+        """Give each running request what it still needs of the budget, in `ordered`'s order.
+
+        A decode (one token to compute, no lane caps) takes the fast path: its row is written
+        here and the step's totals are added up once at the end; KV is allocated only when
+        the token starts a new block. Everything else goes through `StepBuilder.grant/take`.
+        """
+        accounting = self.accounting
+        lanes = bool(step.lane_left)
+        so = step.output
+        rows, ids, starts = step.requests, so.request_ids, so.num_computed_tokens
+        news, samples = so.num_new_tokens, so.sample
+        fast_rows = fast_context = fast_in_prompt = longest = 0
+        tokens_left = step.tokens_left
+        for index, request in enumerate(ordered):
+            if request.status is not RUNNING:
+                continue  # preempted earlier in this loop
+            if tokens_left <= 0:
+                for rest in ordered[index:]:
+                    if rest.status is RUNNING and not rest.idle:
+                        accounting.idle(rest, StallReason.TOKEN_BUDGET)
+                break
+            start = request.num_computed_tokens
+            wanted = len(request.all_token_ids) - start
+            if wanted == 1 and not lanes:
+                # The decode fast path: StepBuilder.add_row for a one-token sampling row of a
+                # request the executor knows (it was admitted in an earlier step); only a new
+                # block needs telling it.
+                if start >= request.num_slots:
+                    if not self._allocate_or_preempt(
+                        request, start + 1, ordered, index, preempted, now
+                    ):
+                        continue
+                    step.tell_executor(request)
+                tokens_left -= 1
+                rows.append(request)
+                ids.append(request.request_id)
+                starts.append(start)
+                news.append(1)
+                samples.append(True)
+                fast_rows += 1
+                fast_context += start + 1
+                if start < request.num_prompt_tokens:
+                    fast_in_prompt += 1
+                if start >= longest:
+                    longest = start + 1
+                if request.idle:
+                    accounting.busy(request)
+                continue
+            step.tokens_left = tokens_left
+            lane = self.policy.lane_of(request) if lanes else ""
+            num_new = step.grant(lane, wanted)
+            if num_new <= 0:
+                if not request.idle:
+                    accounting.idle(request, StallReason.LANE_CAP)
+                continue
+            if start + num_new > request.num_slots and not self._allocate_or_preempt(
+                request, start + num_new, ordered, index, preempted, now
+            ):
+                continue
+            step.take(request, lane, num_new)
+            tokens_left = step.tokens_left
+            if request.idle:
+                accounting.busy(request)
+        step.tokens_left = tokens_left
+        step.add_decode_totals(fast_rows, fast_context, fast_in_prompt, longest)
+
+    def _allocate_or_preempt(
+        self,
+        request: Request,
+        num_tokens: int,
+        ordered: list[Request],
+        index: int,
+        preempted: list[Request],
+        now: float,
+    ) -> bool:
+        """Blocks for `num_tokens` of running `request`, preempting the policy's victims (from
+        those not yet served) until they fit. False when the request itself gave way."""
+        kv = self.kv_cache
+        while not kv.allocate_slots(request, num_tokens):
+            candidates = [r for r in ordered[index + 1 :] if r.status is RUNNING]
+            candidates.append(request)
+            victim = self.policy.choose_victim(candidates, now)
+            if victim is request and len(self.running) == 1:
+                # Alone and still too big: it can never fit. Stop it rather than loop.
+                self.finish_request(request.request_id, FinishReason.LENGTH)
+                self._unreported_finishes.append(request)
+                return False
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
 
     def _admit_waiting(
-        self, view: SchedulerView, step: _StepBudget, seats: int, preempted: list[Request]
+        self, view: SchedulerView, step: StepBuilder, seats: int, preempted: list[Request]
     ) -> None:
         kv = self.kv_cache
+        policy = self.policy
         now = view.now
         admitted: list[Request] = []
-        for request in self.policy.order_waiting(self.waiting, now):
+        waiting = self.waiting
+        candidates = waiting if self._static_waiting else policy.order_waiting(list(waiting), now)
+        # Changes to the waiting queue wait for the end of the loop: it iterates the queue.
+        for request in candidates:
             if step.tokens_left <= 0:
                 break
             if not self._parent_ready(request):
                 continue
-            if not self.policy.admit(request, view, len(admitted)):
+            if not policy.admit(request, view, len(admitted)):
                 continue
             if seats <= 0:
                 if not self._preempt_for(request, now, step, preempted, admitted):
                     break
                 seats += 1
-            cached_blocks, cached_hashes = kv.find_cached_prefix(
-                request.all_token_ids, request.cache_salt
-            )
+            cached_blocks = kv.find_cached_prefix(request)
             num_cached = len(cached_blocks) * kv.block_size
-            lane = self.policy.lane_of(request)
+            lane = policy.lane_of(request)
             num_new = step.grant(lane, request.num_tokens - num_cached)
             if num_new <= 0:
                 continue
-            while not kv.allocate_slots(
-                request.request_id,
-                num_cached + num_new,
-                cached_blocks,
-                cached_hashes,
-                request.cache_salt,
-            ):
+            while not kv.allocate_slots(request, num_cached + num_new, cached_blocks):
                 if not self._preempt_for(request, now, step, preempted, admitted):
                     break
             if not kv.has_blocks(request.request_id):
                 break  # out of blocks: later arrivals wait too, so no one overtakes for memory
+            record = request.record
             if request.status is RequestStatus.WAITING:
                 kv.record_prefix_lookup(request.num_prompt_tokens, num_cached)
                 request.num_cached_tokens = num_cached
-                request.record.num_cached_tokens = num_cached
+                record.num_cached_tokens = num_cached
+            else:
+                self.num_preempted_waiting -= 1
             request.num_computed_tokens = num_cached
-            request.status = RequestStatus.RUNNING
-            if request.record.first_scheduled_time is None:
-                request.record.first_scheduled_time = now
-            self.running.append(request)
+            request.status = RUNNING
+            request.known_to_executor = False
+            if record.first_scheduled_time is None:
+                record.first_scheduled_time = now
             admitted.append(request)
             step.take(request, lane, num_new)
+            self.accounting.busy(request)
             seats -= 1
-        if admitted:
-            taken = {id(r) for r in admitted}
-            self.waiting = [r for r in self.waiting if id(r) not in taken]
+        for request in admitted:
+            waiting.remove(request)
+            if self._static_running:
+                insert_sorted(self.running, request, self._order_key)
+            else:
+                self.running.append(request)
+        for victim in preempted:
+            waiting.add(victim)
 
     def _preempt_for(
         self,
         request: Request,
         now: float,
-        step: _StepBudget,
+        step: StepBuilder,
         preempted: list[Request],
         admitted: list[Request],
     ) -> bool:
@@ -207,7 +394,7 @@ class Scheduler:
         if not self.policy.should_preempt_for(request, victim, now):
             return False
         step.release(victim, self.policy.lane_of(victim))
-        self._preempt(victim)
+        self._preempt(victim, requeue=False)
         preempted.append(victim)
         return True
 
@@ -218,84 +405,101 @@ class Scheduler:
         parent = self.requests.get(request.parent_request_id)
         return parent is None or parent.num_computed_tokens >= parent.num_prompt_tokens
 
-    def _preempt(self, request: Request) -> None:
-        """Preemption by recompute: free the blocks; the request waits and later recomputes."""
-        self.kv_cache.free(request.request_id)
+    def _preempt(self, request: Request, requeue: bool = True) -> None:
+        """Preemption by recompute: free the blocks; the request waits and later recomputes.
+
+        `requeue=False`: the caller puts it back in the waiting queue (after iterating it)."""
+        self.kv_cache.free(request)
         self.running.remove(request)
+        self.accounting.idle(request, StallReason.PREEMPTED)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_preemptions += 1
         request.record.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.append(request)
-
-    def _build_output(self, step: _StepBudget, preempted: list[Request]) -> SchedulerOutput:
-        kv = self.kv_cache
-        scheduled = []
-        for request, num_new in step.granted.values():
-            start = request.num_computed_tokens
-            scheduled.append(
-                ScheduledRequest(
-                    request_id=request.request_id,
-                    token_ids=request.all_token_ids[start : start + num_new],
-                    start_position=start,
-                    block_table=kv.block_ids(request.request_id),
-                    sample=start + num_new == request.num_tokens,
-                    sampling_params=request.sampling_params,
-                    num_prompt_tokens=request.num_prompt_tokens,
-                    num_output_tokens=request.num_output_tokens,
-                    true_output_len=request.true_output_len,
-                    eos_token_id=request.eos_token_id,
-                )
-            )
-        output = SchedulerOutput(
-            step_id=self._next_step_id,
-            scheduled=scheduled,
-            finished_request_ids=self._finished_since_last_step,
-            preempted_request_ids=[r.request_id for r in preempted],
-        )
-        self._next_step_id += 1
-        self._finished_since_last_step = []
-        return output
+        self.num_preempted_waiting += 1
+        if requeue:
+            self.waiting.add(request)
 
     def update(
-        self, scheduler_output: SchedulerOutput, executor_output: ExecutorOutput
+        self,
+        scheduler_output: SchedulerOutput,
+        executor_output: ExecutorOutput,
+        *,
+        collect_updated: bool = True,
     ) -> list[Request]:
         """Advance computed tokens, append sampled tokens, finish requests that stopped.
 
-        Returns the requests that received a token this step (finished ones included).
+        Returns the requests that received a token this step (finished ones included), and
+        those the scheduler finished on its own while scheduling it; with
+        `collect_updated=False`, only those that finished (`finished_in_step` has them all).
         """
         now = self.clock.now()
         kv = self.kv_cache
-        updated: list[Request] = []
-        utilization = scheduler_output.num_scheduled_tokens / self.config.max_num_batched_tokens
-        for scheduled in scheduler_output.scheduled:
-            request = self.requests.get(scheduled.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # finished or preempted while the step ran
-            request.num_computed_tokens += len(scheduled.token_ids)
-            request.record.num_steps += 1
-            request.record.step_utilization_sum += utilization
-            kv.commit_computed(
-                request.request_id, request.all_token_ids, request.num_computed_tokens
-            )
-            if not scheduled.sample:
-                continue
-            token_ids = executor_output.sampled_token_ids.get(request.request_id)
+        caching = kv.enable_prefix_caching
+        block_size = kv.block_size
+        self.accounting.end_step(
+            now - self._step_start,
+            scheduler_output.longest_context,
+            scheduler_output.num_scheduled_tokens / self.config.max_num_batched_tokens,
+        )
+        step_index = self.timeline.append(now)
+        previous_step = step_index - 1
+        updated: list[Request] = self.take_unreported_finishes()
+        sampled = executor_output.sampled_token_ids
+        if not isinstance(sampled, list):
+            raise TypeError("ExecutorOutput.sampled_token_ids is a list parallel to the rows")
+        drafts = scheduler_output.draft_token_ids
+        for request, num_new, token_ids in zip(
+            self._scheduled, scheduler_output.num_new_tokens, sampled, strict=True
+        ):
+            if request.status is not RUNNING:
+                continue  # finished while the step ran
+            computed = request.num_computed_tokens + num_new
+            if drafts and token_ids:
+                # Rejected draft tokens were computed but do not count: their KV is garbage
+                # past the computed tokens, overwritten as the request grows.
+                computed -= len(drafts.get(request.request_id, ())) + 1 - len(token_ids)
+            request.num_computed_tokens = computed
+            if caching and computed >= (request.num_committed_blocks + 1) * block_size:
+                kv.commit_computed(request)
             if not token_ids:
-                raise RuntimeError(f"executor sampled no token for {request.request_id}")
-            record = request.record
+                continue
+            runs = request.token_runs
+            tokens = request.all_token_ids
+            stops = request.stop_token_set
             for token_id in token_ids:
-                request.append_output_token(token_id)
-                if record.first_token_time is None:
-                    record.first_token_time = now
-                record.token_times.append(now)
-                reason, stop_reason = self._stop_reason(request, token_id)
-                if reason is not None:
-                    self.finish_request(request.request_id, reason, stop_reason)
-                    break
-            updated.append(request)
+                tokens.append(token_id)
+                if runs and runs[-1] == previous_step:
+                    runs[-1] = step_index  # the usual case: one more step in a row
+                else:
+                    request.record.token_times.add(step_index)
+                    if len(tokens) == request.num_prompt_tokens + 1:
+                        request.first_token_time = request.record.first_token_time = now
+                if len(tokens) >= request.max_num_tokens or (stops and token_id in stops):
+                    num_output = len(tokens) - request.num_prompt_tokens
+                    if self._finish_stopped(request, token_id, num_output):
+                        break
+            if collect_updated:
+                updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
         return updated
+
+    def _finish_stopped(self, request: Request, token_id: int, num_output: int) -> bool:
+        """Finish a request whose last token may stop it; False if it goes on (a stop token
+        before min_tokens)."""
+        params = request.sampling_params
+        if num_output >= params.min_tokens:
+            if token_id == request.eos_token_id and not params.ignore_eos:
+                self.finish_request(request.request_id, FinishReason.STOP)
+                return True
+            if token_id in params.stop_token_ids:
+                self.finish_request(request.request_id, FinishReason.STOP, token_id)
+                return True
+        if num_output >= request.max_output_tokens:
+            self.finish_request(request.request_id, FinishReason.LENGTH)
+            return True
+        return False
 
     def check_integrity(self) -> None:
         """Raise AssertionError where the scheduler's or the KV cache's state is inconsistent."""
@@ -307,8 +511,16 @@ class Scheduler:
             raise AssertionError("a request is both running and waiting")
         if self.requests.keys() != set(running_ids) | set(waiting_ids):
             raise AssertionError("the request table and the queues disagree")
+        if self._static_running and [r.order_key for r in self.running] != sorted(
+            r.order_key for r in self.running
+        ):
+            raise AssertionError("the running requests are out of order")
+        if self._static_waiting:
+            keys = [r.order_key for r in self.waiting]
+            if keys != sorted(keys):
+                raise AssertionError("the waiting queue is out of order")
         for request in self.running:
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not RUNNING:
                 raise AssertionError(f"running request {request.request_id} is {request.status}")
             if not 0 <= request.num_computed_tokens <= request.num_tokens:
                 raise AssertionError(f"request {request.request_id}: bad computed count")
@@ -317,58 +529,15 @@ class Scheduler:
                 raise AssertionError(f"waiting request {request.request_id} is {request.status}")
             if request.num_computed_tokens:
                 raise AssertionError(f"waiting request {request.request_id} has computed tokens")
+            if not request.idle:
+                raise AssertionError(f"waiting request {request.request_id} is accounted busy")
+        preempted = sum(1 for r in self.waiting if r.status is RequestStatus.PREEMPTED)
+        if preempted != self.num_preempted_waiting:
+            raise AssertionError(
+                f"{preempted} preempted requests wait, counted {self.num_preempted_waiting}"
+            )
         if len(self.running) > self.config.max_num_seqs:
             raise AssertionError(
                 f"{len(self.running)} running requests, max_num_seqs={self.config.max_num_seqs}"
             )
-        self.kv_cache.check_integrity({r.request_id: r.num_computed_tokens for r in self.running})
-
-    @staticmethod
-    def _stop_reason(request: Request, token_id: int) -> tuple[FinishReason | None, int | None]:
-        params = request.sampling_params
-        num_output = len(request.output_token_ids)
-        if num_output >= params.min_tokens:
-            if token_id == request.eos_token_id and not params.ignore_eos:
-                return FinishReason.STOP, None
-            if params.stop_token_ids and token_id in params.stop_token_ids:
-                return FinishReason.STOP, token_id
-        if num_output >= request.max_output_tokens:
-            return FinishReason.LENGTH, None
-        return None, None
-
-
-class _StepBudget:
-    """The token budget of one step, per lane, and what has been granted so far."""
-
-    __slots__ = ("granted", "lane_left", "long_prefill_threshold", "tokens_left")
-
-    def __init__(
-        self, token_budget: int, lane_budgets: dict[str, int], threshold: int | None
-    ) -> None:
-        self.tokens_left = token_budget
-        self.lane_left = dict(lane_budgets)
-        self.long_prefill_threshold = threshold
-        self.granted: dict[str, tuple[Request, int]] = {}
-
-    def grant(self, lane: str, wanted: int) -> int:
-        """How many of `wanted` tokens fit now."""
-        num = min(wanted, self.tokens_left)
-        if self.long_prefill_threshold is not None:
-            num = min(num, self.long_prefill_threshold)
-        if lane in self.lane_left:
-            num = min(num, self.lane_left[lane])
-        return num
-
-    def take(self, request: Request, lane: str, num: int) -> None:
-        self.granted[request.request_id] = (request, num)
-        self.tokens_left -= num
-        if lane in self.lane_left:
-            self.lane_left[lane] -= num
-
-    def release(self, request: Request, lane: str) -> None:
-        entry = self.granted.pop(request.request_id, None)
-        if entry is None:
-            return
-        self.tokens_left += entry[1]
-        if lane in self.lane_left:
-            self.lane_left[lane] += entry[1]
+        self.kv_cache.check_integrity(self.running)

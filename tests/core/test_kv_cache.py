@@ -172,11 +172,11 @@ def test_integrity_catches_a_write_into_a_registered_block():
     tokens = list(range(8))
     assert kv_ops.allocate(kv, "a", 8, tokens=tokens)
     kv_ops.commit(kv, "a", tokens, 8)
-    kv.check_integrity(kv_ops.computed({"a": 8}))
+    kv.check_integrity(kv_ops.computed(kv, {"a": 8}))
     # Claiming fewer computed tokens than the registered blocks hold: the request would write
     # into its registered second block.
     with pytest.raises(AssertionError, match=r"registered|computed full blocks"):
-        kv.check_integrity(kv_ops.computed({"a": 5}))
+        kv.check_integrity(kv_ops.computed(kv, {"a": 5}))
 
 
 def test_integrity_catches_a_table_held_by_a_request_that_does_not_run():
@@ -184,7 +184,7 @@ def test_integrity_catches_a_table_held_by_a_request_that_does_not_run():
     assert kv_ops.allocate(kv, "a", 4)
     assert kv_ops.allocate(kv, "b", 4)
     with pytest.raises(AssertionError, match="do not run"):
-        kv.check_integrity(kv_ops.computed({"a": 0}))
+        kv.check_integrity(kv_ops.computed(kv, {"a": 0}))
 
 
 def test_integrity_catches_a_shared_block_that_will_be_written():
@@ -194,6 +194,6 @@ def test_integrity_catches_a_shared_block_that_will_be_written():
     kv_ops.commit(kv, "a", tokens, 9)
     hits = kv_ops.lookup(kv, "b", tokens)
     assert kv_ops.allocate(kv, "b", 9, hits, tokens=tokens)
-    kv.check_integrity(kv_ops.computed({"a": 9, "b": 8}))
+    kv.check_integrity(kv_ops.computed(kv, {"a": 9, "b": 8}))
     with pytest.raises(AssertionError):  # b claims its shared blocks are not computed yet
-        kv.check_integrity(kv_ops.computed({"a": 9, "b": 4}))
+        kv.check_integrity(kv_ops.computed(kv, {"a": 9, "b": 4}))

@@ -157,7 +157,9 @@ class KVCacheModel(RuleBasedStateMachine):
     def pool_matches_the_shadow(self) -> None:
         if not hasattr(self, "kv"):
             return
-        self.kv.check_integrity(kv_ops.computed({r: s.computed for r, s in self.live.items()}))
+        self.kv.check_integrity(
+            kv_ops.computed(self.kv, {r: s.computed for r, s in self.live.items()})
+        )
         held = self.held()
         assert self.kv.num_free_blocks == self.num_blocks - len(held)
         for block_id, count in held.items():

@@ -2,14 +2,18 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.core.outputs import ExecutorOutput
 from heddle.errors import InvalidRequestError, QueueFullError
 from heddle.request import FinishReason, Request, RequestStatus, SamplingParams
-from tests.factories import EOS, create_request, create_scheduler, sample_all
+from tests.factories import EOS, create_request, create_scheduler, sample_all, sampled_by_id
 
 
 def scheduled_tokens(output):
-    return {s.request_id: len(s.token_ids) for s in output.scheduled}
+    return output.scheduled_tokens()
+
+
+def row(output, request_id):
+    (found,) = [r for r in output.rows() if r.request_id == request_id]
+    return found
 
 
 def test_prefill_is_chunked_to_the_budget_and_mixed_with_decodes():
@@ -17,22 +21,22 @@ def test_prefill_is_chunked_to_the_budget_and_mixed_with_decodes():
     sched.add_request(create_request("a", prompt_len=6, max_tokens=5))
     out = sched.schedule()
     assert scheduled_tokens(out) == {"a": 6}
-    assert out.scheduled[0].sample
+    assert out.sample == [True]
     sched.update(out, sample_all(out))
     sched.add_request(create_request("b", prompt_len=40, arrival_time=1.0, first_token=300))
     out = sched.schedule()
     # a's decode token comes first, then b's prefill takes the 15 budget tokens left.
     assert scheduled_tokens(out) == {"a": 1, "b": 15}
-    assert [s.sample for s in out.scheduled] == [True, False]
-    assert out.scheduled[1].start_position == 0
+    assert out.sample == [True, False]
+    assert out.num_computed_tokens[1] == 0
     sched.update(out, sample_all(out))
     out = sched.schedule()
     assert scheduled_tokens(out) == {"a": 1, "b": 15}
-    assert out.scheduled[1].start_position == 15
+    assert out.num_computed_tokens[1] == 15
     sched.update(out, sample_all(out))
     out = sched.schedule()
     assert scheduled_tokens(out) == {"a": 1, "b": 10}
-    assert out.scheduled[1].sample  # the chunk that reaches the end of the prompt samples
+    assert out.sample[1]  # the chunk that reaches the end of the prompt samples
 
 
 def test_long_prefill_token_threshold_caps_each_request_chunk():
@@ -52,11 +56,20 @@ def test_long_prefill_token_threshold_caps_each_request_chunk():
 
 def test_block_table_covers_the_scheduled_positions():
     sched = create_scheduler(block_size=4)
-    sched.add_request(create_request("a", prompt_len=9))
+    sched.add_request(create_request("a", prompt_len=9, max_tokens=10))
     out = sched.schedule()
-    s = out.scheduled[0]
-    assert len(s.block_table) == 3
-    assert s.token_ids == list(range(100, 109))
+    (new,) = out.new_requests
+    assert len(new.block_ids) == 3 and new.block_ids == sched.kv_cache.block_ids("a")
+    assert new.token_ids == list(range(100, 109))
+    sched.update(out, sample_all(out))
+    sent = []
+    for _ in range(4):  # positions 9, 10, 11 in the third block; 12 opens the fourth
+        out = sched.schedule()
+        assert out.new_requests == []  # the executor knows the request: only a row is sent
+        sent.append(out.new_block_ids)
+        sched.update(out, sample_all(out))
+    assert sent == [{}, {}, {}, {"a": sched.kv_cache.block_ids("a")[3:]}]
+    assert len(sched.kv_cache.block_ids("a")) == 4
 
 
 def test_running_cap_limits_admission():
@@ -84,13 +97,13 @@ def test_stop_conditions():
         sched.add_request(r)
     out = sched.schedule()
     tokens = {"eos": [EOS], "stop": [9], "ign": [EOS], "min": [EOS]}
-    sched.update(out, ExecutorOutput(tokens, 0.01))
+    sched.update(out, sampled_by_id(out, tokens))
     assert eos.finish_reason is FinishReason.STOP and eos.stop_reason is None
     assert stop_id.finish_reason is FinishReason.STOP and stop_id.stop_reason == 9
     assert not ignore.is_finished and not min_tok.is_finished  # min_tokens holds EOS back
     out = sched.schedule()
     assert set(out.finished_request_ids) == {"eos", "stop"}  # the executor may drop their state
-    sched.update(out, ExecutorOutput({"ign": [EOS], "min": [EOS]}, 0.01))
+    sched.update(out, sampled_by_id(out, {"ign": [EOS], "min": [EOS]}))
     assert ignore.finish_reason is FinishReason.LENGTH
     assert min_tok.finish_reason is FinishReason.STOP
     assert not sched.has_unfinished_requests()
@@ -112,7 +125,7 @@ def test_preemption_by_recompute_loses_nothing():
         out = sched.schedule()
         preempted += out.preempted_request_ids
         sched.update(out, sample_all(out))
-        sched.kv_cache.check_integrity()
+        sched.check_integrity()
     assert preempted and preempted[0] == "b"  # FCFS preempts the latest arrival
     assert a.num_output_tokens == 8 and b.num_output_tokens == 8
     assert b.record.num_preemptions >= 1
@@ -129,9 +142,9 @@ def test_resumed_request_recomputes_prompt_and_outputs():
     resumed = None
     for _ in range(100):
         out = sched.schedule()
-        for s in out.scheduled:
-            if s.request_id == "b" and b.record.num_preemptions and s.start_position == 0:
-                resumed = s
+        for new in out.new_requests:
+            if new.request_id == "b" and b.num_preemptions:
+                resumed = new
         sched.update(out, sample_all(out))
         if resumed or not sched.has_unfinished_requests():
             break
@@ -149,8 +162,9 @@ def test_prefix_cache_hit_skips_computed_blocks():
     assert a.is_finished
     sched.add_request(create_request("b", prompt_len=10, max_tokens=1))
     out = sched.schedule()
-    (s,) = out.scheduled
-    assert s.start_position == 8 and s.token_ids == [108, 109]
+    (s,) = out.rows()
+    assert s.num_computed_tokens == 8 and s.num_new_tokens == 2
+    assert out.new_requests[0].token_ids[8:] == [108, 109]
     assert sched.kv_cache.prefix_hit_rate == pytest.approx(8 / 20)
 
 
@@ -169,7 +183,7 @@ def test_child_of_group_waits_for_parent_prompt():
     out = sched.schedule()
     # The parent's prompt is cached now: the child reuses 2 of its 3 blocks.
     assert scheduled_tokens(out) == {"p": 1, "c": 4}
-    assert out.scheduled[1].start_position == 8
+    assert row(out, "c").num_computed_tokens == 8
 
 
 def test_queue_bound_and_oversized_prompt_are_rejected():

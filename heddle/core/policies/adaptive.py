@@ -27,6 +27,8 @@ class AdaptivePolicy(Policy):
     """AIMD on max_num_seqs and the token budget against a target step time (TPOT)."""
 
     name = "adaptive"
+    waiting_order_changes = False  # arrival order
+    running_order_changes = False
 
     def __init__(
         self,
@@ -76,7 +78,7 @@ class AdaptivePolicy(Policy):
             # A slow step of mostly prefill is cured by the token budget alone; one of mostly
             # decodes only by fewer seats.
             if scheduler_output.num_decode_tokens >= scheduler_output.num_prefill_tokens:
-                used_seqs = min(self.max_num_seqs, len(scheduler_output.scheduled))
+                used_seqs = min(self.max_num_seqs, scheduler_output.num_rows)
                 self.max_num_seqs = int(used_seqs * self.decrease_factor)
         else:
             self.max_num_seqs += self.increase_seqs

@@ -8,11 +8,18 @@ recompute). A policy decides:
   waiting request may take the place of a running one (`should_preempt_for`),
 - how large this step is and what share of it each lane may take (`step_limits`, `lane_of`).
 Hooks (`on_step_end`, `on_finished`) let a policy learn from what ran.
+
+A policy also says whether its order can change while requests sit in a queue
+(`waiting_order_changes`, `running_order_changes`). When it cannot (the key depends only on
+the request's own state, which does not change while it waits, or never), the scheduler keeps
+the queue sorted by a key computed once per insertion instead of sorting every step; a policy
+that overrides `order_waiting` / `order_running` must leave the flag True.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,12 +45,13 @@ class SchedulerView:
 
     now: float
     running: Sequence[Request]
-    waiting: Sequence[Request]
+    waiting: Collection[Request]  # in the policy's order when `waiting_is_ordered`
     token_budget: int  # the configured budget
     max_num_seqs: int  # the configured cap
     num_free_blocks: int
     num_total_blocks: int
     block_size: int
+    waiting_is_ordered: bool = False
 
 
 class Policy:
@@ -52,6 +60,10 @@ class Policy:
     name = "base"
     # Simulator-only policies (e.g. `oracle`) read a request's true output length.
     needs_true_output_len = False
+    # Can sort_key(request, now) of a waiting (running) request change before it leaves the
+    # queue? True (the safe default): the scheduler sorts the queue every step.
+    waiting_order_changes = True
+    running_order_changes = True
 
     def __init__(self, **options: object) -> None:
         if options:
@@ -65,8 +77,14 @@ class Policy:
     def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
         return sorted(running, key=lambda r: self.sort_key(r, now))
 
-    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+    def order_waiting(self, waiting: Collection[Request], now: float) -> list[Request]:
         return sorted(waiting, key=lambda r: self.sort_key(r, now))
+
+    def first_waiting(self, view: SchedulerView, count: int) -> list[Request]:
+        """The first `count` waiting requests in this policy's order."""
+        if view.waiting_is_ordered:
+            return list(itertools.islice(view.waiting, count))
+        return self.order_waiting(view.waiting, view.now)[:count]
 
     # -- admission and preemption -----------------------------------------------------------
     def admit(self, request: Request, view: SchedulerView, num_admitted: int) -> bool:

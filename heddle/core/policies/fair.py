@@ -14,7 +14,7 @@ their counters plus the prompt tokens already handed out this step, as VTC charg
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from heddle.core.policies.base import Policy, SchedulerView, StepLimits
@@ -46,7 +46,8 @@ class FairPolicy(Policy):
         self.counters: dict[str, float] = {}
         self._active: set[str] = set()  # users with a waiting or running request
         self._last_left_counter = 0.0
-        self._users: dict[str, str] = {}  # request_id -> user, for on_step_end
+        # request_id -> (user, prompt length), for on_step_end
+        self._users: dict[str, tuple[str, int]] = {}
         self._finished: list[str] = []
         self._prune_at = 32  # prune forgotten users' counters when the table grows past this
 
@@ -55,9 +56,10 @@ class FairPolicy(Policy):
 
     def step_limits(self, view: SchedulerView) -> StepLimits:
         active: set[str] = set()
+        users = self._users
         for request in (*view.running, *view.waiting):
             user = user_of(request)
-            self._users[request.request_id] = user
+            users[request.request_id] = (user, request.num_prompt_tokens)
             active.add(user)
         staying = self._active & active
         left = self._active - active
@@ -79,7 +81,7 @@ class FairPolicy(Policy):
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
         return (self.counter(user_of(request)), request.arrival_time, request.seq)
 
-    def _interleave(self, requests: Sequence[Request], now: float) -> list[Request]:
+    def _interleave(self, requests: Collection[Request], now: float) -> list[Request]:
         """Repeatedly take the earliest request of the user with the smallest provisional
         counter, charging it what the request would get this step (prompt left + one token)."""
         queues: dict[str, list[Request]] = {}
@@ -101,23 +103,26 @@ class FairPolicy(Policy):
                 heapq.heappush(heap, (provisional + charge, queue[positions[user]].seq, user))
         return ordered
 
-    def order_waiting(self, waiting: Sequence[Request], now: float) -> list[Request]:
+    def order_waiting(self, waiting: Collection[Request], now: float) -> list[Request]:
         return self._interleave(waiting, now)
 
     def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
         return self._interleave(running, now)
 
     def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
-        for scheduled in scheduler_output.scheduled:
-            user = self._users.get(scheduled.request_id)
-            if user is None:
+        so = scheduler_output
+        for request_id, start, num_new, sample in zip(
+            so.request_ids, so.num_computed_tokens, so.num_new_tokens, so.sample, strict=True
+        ):
+            entry = self._users.get(request_id)
+            if entry is None:
                 continue
+            user, num_prompt_tokens = entry
             # Prompt positions computed this step (recomputed outputs after a preemption are
             # the scheduler's doing, not the user's: not charged), plus the token sampled.
-            end = scheduled.start_position + len(scheduled.token_ids)
-            prompt_tokens = max(0, min(end, scheduled.num_prompt_tokens) - scheduled.start_position)
+            prompt_tokens = max(0, min(start + num_new, num_prompt_tokens) - start)
             service = self.input_weight * prompt_tokens
-            if scheduled.sample:
+            if sample:
                 service += self.output_weight
             self.counters[user] = self.counter(user) + service
         for request_id in self._finished:

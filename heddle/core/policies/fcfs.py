@@ -11,3 +11,5 @@ class FCFSPolicy(Policy):
     """Serve and admit in arrival order; preempt the latest arrival when blocks run out."""
 
     name = "fcfs"
+    waiting_order_changes = False  # (arrival time, seq): fixed for good
+    running_order_changes = False

@@ -33,6 +33,10 @@ class LanesPolicy(Policy):
     """Short lane first; the long lane's share of a step is capped while short has demand."""
 
     name = "lanes"
+    # A waiting request's lane is fixed while it waits; a running one's moves to "long" when
+    # its output grows past long_output_tokens.
+    waiting_order_changes = False
+    running_order_changes = True
 
     def __init__(
         self,
@@ -69,7 +73,7 @@ class LanesPolicy(Policy):
         # Only the waiting requests that can get a seat this step count: a queue that cannot
         # be admitted must not hold the long lane back.
         seats = max(0, view.max_num_seqs - len(view.running))
-        for request in self.order_waiting(view.waiting, view.now)[:seats]:
+        for request in self.first_waiting(view, seats):
             demand[self.lane_of(request)] += request.num_tokens
         budget = view.token_budget
         if demand[SHORT_LANE] == 0:

@@ -97,15 +97,14 @@ class MLFQPolicy(Policy):
         return (self.level_of(request, now), request.arrival_time, request.seq)
 
     def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
-        if self.max_preemptions is not None and (
-            victim.record.num_preemptions >= self.max_preemptions
-        ):
+        if self.max_preemptions is not None and victim.num_preemptions >= self.max_preemptions:
             return False
         return self.preempt and self.level_of(request, now) < self.level_of(victim, now)
 
     def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
-        for scheduled in scheduler_output.scheduled:
-            place = self._places.get(scheduled.request_id)
+        places = self._places
+        for request_id in scheduler_output.request_ids:
+            place = places.get(request_id)
             if place is not None:
                 place.last_served = now
 

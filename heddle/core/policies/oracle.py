@@ -21,6 +21,8 @@ class OraclePolicy(RemainingWorkPolicy):
 
     name = "oracle"
     needs_true_output_len = True
+    # True remaining work only changes as a request computes: not while it waits.
+    waiting_order_changes = False
 
     def predicted_output_len(self, request: Request) -> float:
         if request.true_output_len is None:

@@ -26,6 +26,9 @@ class PriorityPolicy(Policy):
     """Most urgent (aged) priority first; preempt strictly lower priorities for seats/blocks."""
 
     name = "priority"
+    # The key (virtual arrival time) does not move with time: both queues stay sorted.
+    waiting_order_changes = False
+    running_order_changes = False
 
     def __init__(self, aging_seconds: float = 10.0, preempt: bool = True) -> None:
         super().__init__()

@@ -100,14 +100,12 @@ class SLOPolicy(Policy):
 
     def first_token_late(self, request: Request) -> bool:
         """Did the first token come after its TTFT target? (False before the first token.)"""
-        token_times = request.record.token_times
-        return bool(token_times) and (
-            token_times[0] - request.arrival_time > self.ttft_target(request)
-        )
+        first = request.first_token_time
+        return first is not None and first - request.arrival_time > self.ttft_target(request)
 
     def is_lost(self, request: Request, now: float) -> bool:
         """Can this request no longer meet its TTFT target (beyond `late_factor` targets)?"""
-        if request.record.token_times:
+        if request.first_token_time is not None:
             return self.first_token_late(request)
         ttft = self.ttft_target(request)
         return now - (request.arrival_time + ttft) > self.late_factor * ttft
@@ -116,9 +114,9 @@ class SLOPolicy(Policy):
         """When this request's next token is due; a lost request's is moved back."""
         if self.is_lost(request, now):
             return request.arrival_time + (1.0 + self.late_shift) * self.ttft_target(request)
-        token_times = request.record.token_times
-        if token_times:
-            return token_times[0] + len(token_times) * self.tpot_target(request)
+        first = request.first_token_time
+        if first is not None:
+            return first + request.num_output_tokens * self.tpot_target(request)
         return request.arrival_time + self.ttft_target(request)
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
@@ -137,11 +135,11 @@ class SLOPolicy(Policy):
         if not (
             self.preempt
             and (
-                self.max_preemptions is None or victim.record.num_preemptions < self.max_preemptions
+                self.max_preemptions is None or victim.num_preemptions < self.max_preemptions
             )
-            and not request.record.token_times
+            and request.first_token_time is None
             and now < request.arrival_time + self.ttft_target(request)
-            and victim.record.token_times
+            and victim.first_token_time is not None
         ):
             return False
         if self.first_token_late(victim):
@@ -153,7 +151,9 @@ class SLOPolicy(Policy):
     def step_limits(self, view: SchedulerView) -> StepLimits:
         self.last_cap = None
         decoding = [
-            r for r in view.running if r.record.token_times and not self.first_token_late(r)
+            r
+            for r in view.running
+            if r.first_token_time is not None and not self.first_token_late(r)
         ]
         if not decoding or not self.step_model.fitted:
             return StepLimits(view.token_budget, view.max_num_seqs)

@@ -22,6 +22,8 @@ class StaticBatchPolicy(Policy):
     """Admit a batch in arrival order when the previous batch has wholly finished."""
 
     name = "static"
+    waiting_order_changes = False  # arrival order
+    running_order_changes = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -45,7 +47,7 @@ class StaticBatchPolicy(Policy):
 
     def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
         if self._joining:
-            ran = {s.request_id for s in scheduler_output.scheduled}
+            ran = set(scheduler_output.request_ids)
             self._batch |= self._joining & ran
             self._joining.clear()
 

@@ -23,7 +23,7 @@ def test_batch_cap_shrinks_when_steps_are_slow_and_grows_when_fast():
         out = sched.schedule()
         sched.update(out, sample_all(out, duration=duration))
         trace.append(
-            (sorted(s.request_id for s in out.scheduled), policy.max_num_seqs, policy.token_budget)
+            (sorted(out.request_ids), policy.max_num_seqs, policy.token_budget)
         )
 
     step(0.1)  # a slow prefill of 32 tokens: only the token budget is cut, to 16

@@ -28,7 +28,7 @@ def test_a_prefill_chunk_that_does_not_sample_is_charged_input_weight_only():
     sched = create_scheduler(policy="fair", max_num_batched_tokens=6, output_weight=3)
     sched.add_request(create_request("a", prompt_len=10, max_tokens=5, user="ann"))
     out = sched.schedule()  # 6 of the 10 prompt tokens: nothing is sampled
-    assert not out.scheduled[0].sample
+    assert out.sample == [False]
     sched.update(out, sample_all(out))
     assert sched.policy.counters == {"ann": 6.0}
     out = sched.schedule()  # the last 4 prompt tokens, and the first output token
@@ -81,10 +81,10 @@ def service_gap(policy):
     service = {"ann": 0.0, "bob": 0.0}
     gaps = []
     for step, out in enumerate(executor.outputs):
-        for s in out.scheduled:
+        for s in out.rows():
             first_step.setdefault(s.request_id, step)
-            end = s.start_position + len(s.token_ids)
-            prompt = max(0, min(end, s.num_prompt_tokens) - s.start_position)
+            num_prompt = 24 if s.request_id.startswith("ann") else 4
+            prompt = max(0, min(s.context_len, num_prompt) - s.num_computed_tokens)
             service[s.request_id[:3]] += prompt + 2.0 * s.sample
         gaps.append(abs(service["ann"] - service["bob"]))
     # Both are backlogged until the first step in which one of them has nothing left queued.

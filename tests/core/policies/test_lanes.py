@@ -15,7 +15,7 @@ def big_scheduler(policy):
 def step(sched):
     out = sched.schedule()
     sched.update(out, sample_all(out))
-    return {s.request_id: len(s.token_ids) for s in out.scheduled}
+    return out.scheduled_tokens()
 
 
 @pytest.mark.parametrize(

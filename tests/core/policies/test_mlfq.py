@@ -11,7 +11,7 @@ from tests.factories import create_request, create_scheduler, sample_all
 def step(sched):
     out = sched.schedule()
     sched.update(out, sample_all(out))
-    return {s.request_id: len(s.token_ids) for s in out.scheduled}, out.preempted_request_ids
+    return out.scheduled_tokens(), out.preempted_request_ids
 
 
 def test_skip_join_enters_long_prompts_at_lower_levels():

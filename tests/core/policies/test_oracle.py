@@ -20,6 +20,7 @@ def test_shortest_true_remaining_work_first():
 
 def test_requests_without_true_length_are_a_clear_error_at_first_use():
     sched = create_scheduler(policy="oracle")  # constructing is fine
-    sched.add_request(create_request("a"))
     with pytest.raises(HeddleError, match="true output length"):
-        sched.schedule()
+        sched.add_request(create_request("a"))  # ranked when queued: refused, nothing kept
+    assert not sched.has_unfinished_requests() and not sched.waiting
+    sched.check_integrity()

@@ -6,7 +6,7 @@ from tests.factories import create_request, create_scheduler, sample_all
 
 
 def scheduled(out):
-    return {s.request_id: len(s.token_ids) for s in out.scheduled}
+    return out.scheduled_tokens()
 
 
 def test_waiting_requests_are_served_most_urgent_first():
@@ -16,7 +16,7 @@ def test_waiting_requests_are_served_most_urgent_first():
             create_request(rid, prompt_len=4, priority=priority, first_token=ord(rid[1]) * 10)
         )
     out = sched.schedule()
-    assert [s.request_id for s in out.scheduled] == ["p0", "p1"]
+    assert out.request_ids == ["p0", "p1"]
     assert [r.request_id for r in sched.waiting] == ["p2"]
 
 

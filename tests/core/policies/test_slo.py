@@ -25,9 +25,11 @@ def test_waiting_requests_are_ordered_by_first_token_deadline():
 def test_running_requests_are_due_one_tpot_after_their_last_token():
     policy = make_policy("slo", default_ttft=1.0, tpot={"batch": 0.5}, default_tpot=0.1)
     decoding = create_request("decoding", arrival_time=0.0)
-    decoding.record.token_times.append(1.05)  # next token due 1.15
+    decoding.first_token_time = 1.05  # one token out: the next is due 1.15
+    decoding.append_output_token(7)
     relaxed = create_request("relaxed", arrival_time=0.0, request_class="batch")
-    relaxed.record.token_times.append(0.5)  # due 1.0
+    relaxed.first_token_time = 0.5  # due 1.0
+    relaxed.append_output_token(7)
     fresh = create_request("fresh", arrival_time=0.1)  # first token due 1.1
     assert ids(policy.order_running([decoding, relaxed, fresh], now=1.06)) == [
         "relaxed",
@@ -67,7 +69,7 @@ def trained_scheduler(**options):
 
 
 def scheduled(out):
-    return {s.request_id: len(s.token_ids) for s in out.scheduled}
+    return out.scheduled_tokens()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ def run_steps(sched, num_steps):
     trace = []
     for _ in range(num_steps):
         out = sched.schedule()
-        trace.append({s.request_id: len(s.token_ids) for s in out.scheduled})
+        trace.append(out.scheduled_tokens())
         sched.update(out, sample_all(out))
     return trace
 
