@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from heddle.config import CacheConfig, ModelConfig
-from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput, TokenLogprobs
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput, TokenLogprobs
 from heddle.errors import HeddleError
 from heddle.model.attention_metadata import build_attention_metadata
 from heddle.model.device import resolve_device, resolve_dtype
@@ -16,6 +18,7 @@ from heddle.model.loader import load_model
 from heddle.model.sampler import Sampler, SamplingRow
 from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
+from heddle.request import SamplingParams
 
 
 class ModelExecutor:
@@ -67,6 +70,9 @@ class ModelExecutor:
         ):
             backend.decode_kernel = None
         self.sampler = Sampler(self.device)
+        # Per request id: its tokens, block table and sampling parameters (the contract sends
+        # them once, then only what changes).
+        self._requests: dict[str, _RequestState] = {}
 
     # -- what the engine reads ---------------------------------------------------------------
 
@@ -83,50 +89,77 @@ class ModelExecutor:
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         start = time.perf_counter()
-        self.sampler.forget(scheduler_output.finished_request_ids)
-        scheduled = self._check(scheduler_output)
-        if not scheduled:
-            return ExecutorOutput({}, time.perf_counter() - start)
+        rows = self._rows(scheduler_output)
+        if not any(row.token_ids for row in rows):
+            return ExecutorOutput([() for _ in rows], time.perf_counter() - start)
         with torch.inference_mode():
-            sampled, logprobs = self._run(scheduled)
+            sampled, logprobs = self._run(rows, scheduler_output)
         return ExecutorOutput(sampled, time.perf_counter() - start, logprobs)
 
-    def _check(self, scheduler_output: SchedulerOutput) -> list[ScheduledRequest]:
-        """The requests that compute tokens; a broken contract fails here, not deep in torch."""
-        for s in scheduler_output.scheduled:
-            if s.sample and not s.token_ids:
-                raise ValueError(f"{s.request_id}: cannot sample without computing a token")
-            end = s.start_position + len(s.token_ids)
+    def _rows(self, scheduler_output: SchedulerOutput) -> list[_Row]:
+        """Apply the step's changes to the per-request state and lay out its rows; a broken
+        contract fails here, not deep in torch."""
+        so = scheduler_output
+        states = self._requests
+        self.sampler.forget(so.finished_request_ids)
+        for request_id in so.finished_request_ids:
+            states.pop(request_id, None)
+        for request_id in so.preempted_request_ids:
+            states.pop(request_id, None)  # it comes back as a new request (its sampler stays)
+        for new in so.new_requests:
+            states[new.request_id] = _RequestState(
+                list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
+                new.sampling_params, new.eos_token_id,
+            )  # fmt: skip
+        for request_id, block_ids in so.new_block_ids.items():
+            states[request_id].block_table.extend(block_ids)
+        rows = []
+        for request_id, start, num_new, sample in zip(
+            so.request_ids, so.num_computed_tokens, so.num_new_tokens, so.sample, strict=True
+        ):
+            state = states.get(request_id)
+            if state is None:
+                raise ValueError(f"{request_id}: scheduled but never sent as a new request")
+            token_ids = state.token_ids[start : start + num_new]
+            drafts = so.draft_token_ids.get(request_id)
+            if drafts:
+                token_ids += drafts
+            if len(token_ids) != num_new:
+                raise ValueError(f"{request_id}: {num_new} tokens scheduled from position "
+                                 f"{start}, {len(token_ids)} known")
+            if sample and not token_ids:
+                raise ValueError(f"{request_id}: cannot sample without computing a token")
+            end = start + num_new
             if end > self.max_model_len:
-                raise ValueError(f"{s.request_id}: position {end - 1} is beyond max_model_len "
+                raise ValueError(f"{request_id}: position {end - 1} is beyond max_model_len "
                                  f"{self.max_model_len}")
-            if len(s.block_table) * self.block_size < end:
-                raise ValueError(f"{s.request_id}: block table too short for {end} tokens")
-            table = s.block_table
+            table = state.block_table
+            if len(table) * self.block_size < end:
+                raise ValueError(f"{request_id}: block table too short for {end} tokens")
             if table and not 0 <= min(table) <= max(table) < self.num_blocks:
-                raise ValueError(f"{s.request_id}: block id outside 0..{self.num_blocks - 1}")
-        return [s for s in scheduler_output.scheduled if s.token_ids]
+                raise ValueError(f"{request_id}: block id outside 0..{self.num_blocks - 1}")
+            rows.append(_Row(request_id, token_ids, start, sample, state))
+        return rows
 
-    def _forward(
-        self, scheduled: list[ScheduledRequest]
-    ) -> tuple[list[ScheduledRequest], torch.Tensor]:
+    def _forward(self, rows: list[_Row]) -> tuple[list[_Row], torch.Tensor]:
         """Run the network on the step's tokens.
 
-        Returns the requests in the order their tokens were laid out and the float32 logits
-        of the sampling rows [num_sampling, vocab], in that order. Single-token rows come
-        first, longest context first: they attend in batched groups of similar length.
+        Returns the rows in the order their tokens were laid out and the float32 logits of
+        the sampling rows [num_sampling, vocab], in that order. Single-token rows come first,
+        longest context first: they attend in batched groups of similar length.
         """
-        decodes = sorted((s for s in scheduled if len(s.token_ids) == 1),
-                         key=lambda s: s.start_position, reverse=True)
-        prefills = [s for s in scheduled if len(s.token_ids) > 1]
+        computing = [r for r in rows if r.token_ids]
+        decodes = sorted((r for r in computing if len(r.token_ids) == 1),
+                         key=lambda r: r.start_position, reverse=True)
+        prefills = [r for r in computing if len(r.token_ids) > 1]
         ordered = decodes + prefills
-        input_ids = torch.tensor([t for s in ordered for t in s.token_ids], dtype=torch.int64)
+        input_ids = torch.tensor([t for r in ordered for t in r.token_ids], dtype=torch.int64)
         metadata, positions = build_attention_metadata(
-            decode_positions=[s.start_position for s in decodes],
-            decode_block_tables=[s.block_table for s in decodes],
-            prefill_starts=[s.start_position for s in prefills],
-            prefill_lengths=[len(s.token_ids) for s in prefills],
-            prefill_block_tables=[s.block_table for s in prefills],
+            decode_positions=[r.start_position for r in decodes],
+            decode_block_tables=[r.state.block_table for r in decodes],
+            prefill_starts=[r.start_position for r in prefills],
+            prefill_lengths=[len(r.token_ids) for r in prefills],
+            prefill_block_tables=[r.state.block_table for r in prefills],
             block_size=self.block_size,
             num_kv_heads=self.spec.num_kv_heads,
             group=self.spec.num_heads // self.spec.num_kv_heads,
@@ -139,33 +172,84 @@ class ModelExecutor:
         # Logits only for the last token of each request that samples.
         sample_index: list[int] = []
         offset = 0
-        for s in ordered:
-            offset += len(s.token_ids)
-            if s.sample:
+        for r in ordered:
+            offset += len(r.token_ids)
+            if r.sample:
                 sample_index.append(offset - 1)
         index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
         return ordered, logits
 
     def _run(
-        self, scheduled: list[ScheduledRequest]
-    ) -> tuple[dict[str, list[int]], dict[str, list[TokenLogprobs]]]:
-        ordered, logits = self._forward(scheduled)
-        rows = [
-            SamplingRow(s.request_id, s.sampling_params, s.num_output_tokens, s.eos_token_id)
-            for s in ordered if s.sample
-        ]
-        if not rows:
-            return {}, {}
-        token_ids, logprobs = self.sampler.sample(logits, rows)
-        sampled = {row.request_id: [token] for row, token in zip(rows, token_ids, strict=True)}
-        return sampled, {rows[i].request_id: [lp] for i, lp in logprobs.items()}
+        self, rows: list[_Row], scheduler_output: SchedulerOutput
+    ) -> tuple[list[Sequence[int]], dict[str, list[TokenLogprobs]]]:
+        ordered, logits = self._forward(rows)
+        sampling = [r for r in ordered if r.sample]
+        if not sampling:
+            return [() for _ in rows], {}
+        if scheduler_output.token_masks is not None:
+            _apply_token_masks(logits, sampling, scheduler_output.token_masks.wait())
+        sampler_rows = [
+            SamplingRow(r.request_id, r.state.sampling_params, r.state.num_output_tokens,
+                        r.state.eos_token_id)
+            for r in sampling
+        ]  # fmt: skip
+        token_ids, logprobs = self.sampler.sample(logits, sampler_rows)
+        by_id: dict[str, list[int]] = {}
+        for row, token in zip(sampling, token_ids, strict=True):
+            row.state.token_ids.append(token)
+            by_id[row.request_id] = [token]
+        sampled: list[Sequence[int]] = [by_id.get(r.request_id, ()) for r in rows]
+        return sampled, {sampling[i].request_id: [lp] for i, lp in logprobs.items()}
 
     def compute_logits(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Run one step like `execute`, but return the float32 logits [vocab] of each sampling
         request instead of sampling (for tests and scoring)."""
-        scheduled = self._check(scheduler_output)
+        rows = self._rows(scheduler_output)
         with torch.inference_mode():
-            ordered, logits = self._forward(scheduled)
-        sampling = [s.request_id for s in ordered if s.sample]
+            ordered, logits = self._forward(rows)
+        sampling = [r.request_id for r in ordered if r.sample]
         return {request_id: logits[i] for i, request_id in enumerate(sampling)}
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """What the executor keeps of a request between steps (dropped when it leaves)."""
+
+    token_ids: list[int]  # every known token: prompt, outputs (the executor appends its samples)
+    num_prompt_tokens: int
+    block_table: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass(slots=True)
+class _Row:
+    """One request's share of this step."""
+
+    request_id: str
+    token_ids: list[int]  # the tokens computed at positions start_position.. (with drafts)
+    start_position: int
+    sample: bool
+    state: _RequestState
+
+
+def _apply_token_masks(
+    logits: torch.Tensor, sampling: list[_Row], masks: Mapping[str, Sequence[int]]
+) -> None:
+    """Disallowed tokens get -inf logits. `masks`: request id -> bitmask as 32-bit words."""
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int64, device=logits.device)
+    for i, row in enumerate(sampling):
+        words = masks.get(row.request_id)
+        if words is None:
+            continue
+        packed = torch.tensor(list(words), dtype=torch.int64, device=logits.device) & 0xFFFFFFFF
+        allowed = ((packed.unsqueeze(-1) >> shifts) & 1).flatten()[:vocab].bool()
+        if allowed.numel() < vocab:
+            allowed = torch.cat([allowed, allowed.new_zeros(vocab - allowed.numel())])
+        logits[i].masked_fill_(~allowed, float("-inf"))

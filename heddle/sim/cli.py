@@ -147,7 +147,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     # Off a terminal rich assumes 80 columns, too narrow for the table: use a log's width.
     print_summary(summary, title, console=Console(width=None if sys.stdout.isatty() else 200))
     steps = result.step_stats
-    batch = [len(s.request_ids) for s in steps]
+    batch = [s.num_requests for s in steps]
     kv = [s.kv_blocks_used / s.kv_blocks_total for s in steps]
     util = [s.utilization for s in steps]
     print(

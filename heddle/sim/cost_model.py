@@ -7,29 +7,69 @@ K/V entries its attention reads. Token ids, block ids and sampling parameters do
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 
 from heddle.core.outputs import SchedulerOutput
 
 
-@dataclass(frozen=True, slots=True)
 class StepShape:
     """The shape of one step.
 
     `prefill_chunks`: (num_new_tokens, context_len) for each request computing more than one
-    token; `context_len` counts the cached prefix plus the new tokens, as
-    `ScheduledRequest.context_len` does. `decode_context_lens`: `context_len` of each request
-    computing exactly one token. `num_sampled`: rows that go through the LM head and sampler;
-    None (replaced on construction) means one per decode request and none for the prefill
-    chunks (chunks that stop short of the prompt's end).
+    token; `context_len` counts the cached prefix plus the new tokens, as a row's
+    `num_computed_tokens + num_new_tokens` does. Requests computing exactly one token are
+    counted (`num_decode_tokens`) with their context lengths summed
+    (`decode_context_tokens`): that is all a cost model reads of them. `num_sampled`: rows
+    that go through the LM head and sampler; None (replaced on construction) means one per
+    decode request and none for the prefill chunks (chunks that stop short of the prompt's end).
+
+    Build one from per-request contexts, `StepShape(chunks, (ctx, ctx, ...), num_sampled)`, or
+    from a step's totals, `StepShape.from_scheduler_output(so)` (no loop over its rows).
     """
 
-    prefill_chunks: tuple[tuple[int, int], ...] = ()
-    decode_context_lens: tuple[int, ...] = ()
-    num_sampled: int | None = None
+    __slots__ = (
+        "_decode_context_lens",
+        "decode_context_tokens",
+        "num_decode_tokens",
+        "num_sampled",
+        "prefill_chunks",
+    )
 
-    def __post_init__(self) -> None:
-        for num_new_tokens, context_len in self.prefill_chunks:
+    def __init__(
+        self,
+        prefill_chunks: tuple[tuple[int, int], ...] = (),
+        decode_context_lens: tuple[int, ...] = (),
+        num_sampled: int | None = None,
+    ) -> None:
+        if any(c < 1 for c in decode_context_lens):
+            raise ValueError(f"decode context lengths must be >= 1: {decode_context_lens}")
+        self._init(
+            tuple(prefill_chunks), len(decode_context_lens), sum(decode_context_lens), num_sampled
+        )
+        self._decode_context_lens: tuple[int, ...] | None = tuple(decode_context_lens)
+
+    @classmethod
+    def from_totals(
+        cls,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_tokens: int,
+        decode_context_tokens: int,
+        num_sampled: int | None = None,
+    ) -> StepShape:
+        if decode_context_tokens < num_decode_tokens:
+            raise ValueError("each decode request reads at least one K/V entry")
+        shape = cls.__new__(cls)
+        shape._init(prefill_chunks, num_decode_tokens, decode_context_tokens, num_sampled)
+        shape._decode_context_lens = None
+        return shape
+
+    def _init(
+        self,
+        prefill_chunks: tuple[tuple[int, int], ...],
+        num_decode_tokens: int,
+        decode_context_tokens: int,
+        num_sampled: int | None,
+    ) -> None:
+        for num_new_tokens, context_len in prefill_chunks:
             if num_new_tokens < 2:
                 raise ValueError(
                     f"a prefill chunk computes at least 2 tokens, got {num_new_tokens}: "
@@ -40,36 +80,62 @@ class StepShape:
                     f"context_len {context_len} is shorter than the chunk's {num_new_tokens} "
                     "new tokens (context_len counts them)"
                 )
-        if any(c < 1 for c in self.decode_context_lens):
-            raise ValueError(f"decode context lengths must be >= 1: {self.decode_context_lens}")
-        num_sampled = self.num_sampled
         if num_sampled is None:
-            num_sampled = len(self.decode_context_lens)
-            object.__setattr__(self, "num_sampled", num_sampled)
-        if not (0 <= num_sampled <= len(self.prefill_chunks) + len(self.decode_context_lens)):
+            num_sampled = num_decode_tokens
+        if not 0 <= num_sampled <= len(prefill_chunks) + num_decode_tokens:
             raise ValueError(
-                f"num_sampled={self.num_sampled} is not between 0 and the number of requests"
+                f"num_sampled={num_sampled} is not between 0 and the number of requests"
             )
+        self.prefill_chunks = prefill_chunks
+        self.num_decode_tokens = num_decode_tokens
+        self.decode_context_tokens = decode_context_tokens
+        self.num_sampled = num_sampled
 
     @classmethod
     def from_scheduler_output(cls, scheduler_output: SchedulerOutput) -> StepShape:
-        prefill: list[tuple[int, int]] = []
-        decode: list[int] = []
-        for scheduled in scheduler_output.scheduled:
-            if scheduled.num_new_tokens > 1:
-                prefill.append((scheduled.num_new_tokens, scheduled.context_len))
-            elif scheduled.num_new_tokens == 1:
-                decode.append(scheduled.context_len)
-        num_sampled = sum(1 for s in scheduler_output.scheduled if s.sample)
-        return cls(tuple(prefill), tuple(decode), num_sampled)
+        so = scheduler_output
+        return cls.from_totals(
+            tuple(so.prefill_chunks), so.num_decode_rows, so.decode_context_tokens, so.num_sampled
+        )
+
+    @property
+    def decode_context_lens(self) -> tuple[int, ...]:
+        """Each decode request's context length; for a shape built from totals, the same total
+        spread evenly (a cost model only reads the count and the sum)."""
+        if self._decode_context_lens is not None:
+            return self._decode_context_lens
+        n, total = self.num_decode_tokens, self.decode_context_tokens
+        if n == 0:
+            return ()
+        q, r = divmod(total, n)
+        return (q + 1,) * r + (q,) * (n - r)
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.prefill_chunks,
+            self.num_decode_tokens,
+            self.decode_context_tokens,
+            self.num_sampled,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepShape):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"StepShape(prefill_chunks={self.prefill_chunks}, num_decode_tokens="
+            f"{self.num_decode_tokens}, decode_context_tokens={self.decode_context_tokens}, "
+            f"num_sampled={self.num_sampled})"
+        )
 
     @property
     def num_prefill_tokens(self) -> int:
         return sum(n for n, _ in self.prefill_chunks)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return len(self.decode_context_lens)
 
     @property
     def num_tokens(self) -> int:
@@ -77,18 +143,12 @@ class StepShape:
 
     @property
     def num_requests(self) -> int:
-        return len(self.prefill_chunks) + len(self.decode_context_lens)
+        return len(self.prefill_chunks) + self.num_decode_tokens
 
     @property
     def num_sampled_rows(self) -> int:
-        """Rows through the LM head and sampler (`num_sampled`, typed as always set)."""
-        assert self.num_sampled is not None  # set in __post_init__
+        """Rows through the LM head and sampler."""
         return self.num_sampled
-
-    @property
-    def decode_context_tokens(self) -> int:
-        """K/V entries read by the decode requests' attention, summed."""
-        return sum(self.decode_context_lens)
 
     @property
     def prefill_attention_pairs(self) -> int:

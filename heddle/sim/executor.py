@@ -1,20 +1,24 @@
 """SimulatedExecutor: a cost model on a virtual clock in place of a forward pass.
 
 The engine and scheduler are the real ones; only this executor and the clock differ. Each
-step advances the clock by the cost model's prediction, so the engine sees time pass as with
-a real executor, and samples one token per sampling request: the request's EOS at its true
-output length, otherwise a deterministic ordinary token.
+step advances the clock by the cost model's prediction, computed from the step's totals (no
+loop over rows), and answers each sampling row: the request's EOS at its true output length,
+otherwise the request's own ordinary token. A simulated token's value is read only through
+equality (prefix-cache hits, an agent's next prompt), so every token of a request is the same
+id, drawn once per request from (seed, request id): no per-token pseudo-random work.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 from heddle.clock import VirtualClock
-from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import ExecutorOutput, NewRequest, SchedulerOutput
 from heddle.sim.cost_model import CostModel, StepShape
 
 _MASK64 = (1 << 64) - 1
+_NO_TOKENS: tuple[int, ...] = ()
 
 
 def _mix64(x: int) -> int:
@@ -25,8 +29,20 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+class _SimRequest:
+    """What the simulated executor keeps of a request between steps."""
+
+    __slots__ = ("eos", "eos_at", "num_output", "token")
+
+    def __init__(self, token: list[int], eos: list[int], eos_at: int | None, num_output: int):
+        self.token = token  # [the request's ordinary token id], one list reused every step
+        self.eos = eos
+        self.eos_at = eos_at  # the output index that is EOS (true_output_len - 1), if known
+        self.num_output = num_output
+
+
 class SimulatedExecutor:
-    """Implements the `Executor` protocol with a cost model; keeps no per-request state."""
+    """Implements the `Executor` protocol with a cost model; state per request id."""
 
     def __init__(
         self, cost_model: CostModel, clock: VirtualClock, vocab_size: int = 32000, seed: int = 0
@@ -37,51 +53,58 @@ class SimulatedExecutor:
         self.clock = clock
         self.vocab_size = vocab_size
         self.seed = seed
+        self._requests: dict[str, _SimRequest] = {}
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         """Advance the clock by the step's predicted time and sample one token per sampler.
 
         An empty step takes no time: nothing runs on the device.
         """
+        so = scheduler_output
+        requests = self._requests
+        for request_id in so.finished_request_ids:
+            requests.pop(request_id, None)
+        for request_id in so.preempted_request_ids:
+            requests.pop(request_id, None)
+        for new in so.new_requests:
+            requests[new.request_id] = self._new_state(new)
         duration = 0.0
-        if not scheduler_output.is_empty:
-            duration = self.cost_model.step_time(StepShape.from_scheduler_output(scheduler_output))
+        if so.request_ids:
+            duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
             self.clock.advance(duration)
-        sampled = {
-            s.request_id: [self.next_token(s)] for s in scheduler_output.scheduled if s.sample
-        }
+        sampled: list[Sequence[int]] = []
+        append = sampled.append
+        for request_id, samples in zip(so.request_ids, so.sample, strict=True):
+            if not samples:
+                append(_NO_TOKENS)
+                continue
+            state = requests[request_id]
+            eos_at = state.eos_at
+            append(state.eos if eos_at is not None and state.num_output >= eos_at else state.token)
+            state.num_output += 1
         return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
 
-    def next_token(self, scheduled: ScheduledRequest) -> int:
-        """EOS once the request reaches its `true_output_len`, else a token that is neither
-        EOS nor a stop token, hashed from (seed, request id, output index).
+    def _new_state(self, new: NewRequest) -> _SimRequest:
+        """At or past the true length (min_tokens can hold EOS back) a request keeps answering
+        EOS, as a model that wants to stop would."""
+        eos = new.eos_token_id
+        eos_at = None
+        if new.true_output_len is not None and eos is not None:
+            eos_at = new.true_output_len - 1
+        token = self.request_token(new.request_id, eos, new.sampling_params.stop_token_ids)
+        return _SimRequest([token], [eos] if eos is not None else [], eos_at, new.num_output_tokens)
 
-        At or past the true length (min_tokens can hold EOS back) it keeps answering EOS, as a
-        model that wants to stop would.
-        """
-        index = scheduled.num_output_tokens
-        if (
-            scheduled.true_output_len is not None
-            and scheduled.eos_token_id is not None
-            and index + 1 >= scheduled.true_output_len
-        ):
-            return scheduled.eos_token_id
-        stop_ids = scheduled.sampling_params.stop_token_ids
-        eos = scheduled.eos_token_id
-        request_hash = zlib.crc32(scheduled.request_id.encode())
-        state = _mix64((self.seed << 32) ^ request_hash) ^ index
-        # One hash per token on the hot path; redraw only on the rare hit of a stopping id.
-        for _ in range(64):
-            state = _mix64(state)
-            token = state % self.vocab_size
-            if token != eos and token not in stop_ids:
-                return token
-        avoid = {*stop_ids, eos}
+    def request_token(
+        self, request_id: str, eos_token_id: int | None, stop_token_ids: tuple[int, ...] = ()
+    ) -> int:
+        """The ordinary token of a request: neither EOS nor a stop token, hashed from
+        (seed, request id), the same on every run."""
+        avoid = {*stop_token_ids, eos_token_id}
         if sum(1 for t in avoid if t is not None and 0 <= t < self.vocab_size) == self.vocab_size:
             raise ValueError(
-                f"every token of the {self.vocab_size}-token vocabulary stops request "
-                f"{scheduled.request_id}"
+                f"every token of the {self.vocab_size}-token vocabulary stops request {request_id}"
             )
+        state = _mix64((self.seed << 32) ^ zlib.crc32(request_id.encode()))
         while True:
             state = _mix64(state)
             token = state % self.vocab_size

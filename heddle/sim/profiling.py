@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from heddle.clock import Clock, WallClock
-from heddle.core.outputs import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import ExecutorOutput, NewRequest, OutputBuilder, SchedulerOutput
 from heddle.errors import HeddleError
 from heddle.request import SamplingParams
 from heddle.sim.cost_model import StepShape
@@ -97,25 +97,29 @@ def build_scheduler_output(
     params = SamplingParams(temperature=0.0, max_tokens=None)
     sampled_prefills = max(0, shape.num_sampled_rows - shape.num_decode_tokens)
     next_block = 0
-    scheduled: list[ScheduledRequest] = []
+    builder = OutputBuilder(step_id)
 
     def add(index: int, num_new: int, context: int, prompt_len: int, sample: bool) -> None:
         nonlocal next_block
         num_blocks_needed = -(-context // block_size)
         table = list(range(next_block, next_block + num_blocks_needed))
         next_block += num_blocks_needed
-        start = context - num_new
-        scheduled.append(
-            ScheduledRequest(
-                request_id=f"{request_prefix}-{step_id}-{index}",
-                token_ids=[1 + (start + i) * 31 % (vocab_size - 1) for i in range(num_new)],
-                start_position=start,
-                block_table=table,
-                sample=sample,
-                sampling_params=params,
-                num_prompt_tokens=prompt_len,
-                num_output_tokens=max(0, context - prompt_len),
-            )
+        request_id = f"{request_prefix}-{step_id}-{index}"
+        known = prompt_len + max(0, context - prompt_len)  # the prompt, then any outputs
+        new = NewRequest(
+            request_id,
+            [1 + i * 31 % (vocab_size - 1) for i in range(known)],
+            prompt_len,
+            table,
+            params,
+        )
+        builder.add(
+            request_id,
+            context - num_new,
+            num_new,
+            sample,
+            num_prompt_tokens=prompt_len,
+            new_request=new,
         )
 
     for i, (num_new, context) in enumerate(shape.prefill_chunks):
@@ -132,7 +136,7 @@ def build_scheduler_output(
             f"a step of {shape.num_requests} requests needs {next_block} KV blocks of "
             f"{block_size} tokens; the executor has {num_blocks}: shrink the grid"
         )
-    return SchedulerOutput(step_id=step_id, scheduled=scheduled)
+    return builder.build()
 
 
 def profile_executor(
@@ -167,7 +171,7 @@ def profile_executor(
             elapsed = clock.now() - start
             if run >= warmup:
                 times.append(elapsed)
-            finished = [s.request_id for s in so.scheduled]
+            finished = list(so.request_ids)
             step_id += 1
         results.append((shape, statistics.median(times)))
     return results

@@ -73,6 +73,8 @@ class RooflineCostModel(CostModel):
             bytes_per_s=hw.memory_bandwidth * hw.memory_efficiency,
         )
         self._kv_heads = max(1, m.num_kv_heads // self.tp)  # KV heads are replicated past tp
+        self._by_tokens: dict[int, tuple[float, ...]] = {}
+        self._by_sampled: dict[int, float] = {}
 
     def describe(self) -> str:
         return f"roofline({self.model.name} {self.model.dtype}, {self.hardware.name}, tp={self.tp})"
@@ -133,7 +135,7 @@ class RooflineCostModel(CostModel):
 
     def _attention_decode(self, shape: StepShape) -> float:
         """One query per request against its whole context: bound by reading the K/V cache."""
-        if not shape.decode_context_lens:
+        if not shape.num_decode_tokens:
             return 0.0
         m = self.model
         heads = m.num_heads // self.tp
@@ -195,7 +197,42 @@ class RooflineCostModel(CostModel):
         return times
 
     def step_time(self, shape: StepShape) -> float:
-        return sum(self.operator_times(shape).values())
+        """The sum of `operator_times`, in its order (the same float), with the terms that
+        depend only on the step's token count or sampled rows cached: a simulator asks this
+        for every step."""
+        if shape.is_empty:
+            return 0.0
+        layers = self.model.num_layers
+        by_tokens = self._by_tokens.get(shape.num_tokens)
+        if by_tokens is None:
+            tokens = shape.num_tokens
+            linear = self.linear_times(tokens)
+            by_tokens = self._by_tokens[tokens] = (
+                layers * linear["qkv_proj"],
+                layers * linear["o_proj"],
+                layers * linear["mlp_up_gate"],
+                layers * linear["mlp_down"],
+                layers * self._elementwise(tokens),
+                layers * 2 * self._all_reduce(tokens),
+            )
+        lm_head = self._by_sampled.get(shape.num_sampled)
+        if lm_head is None:
+            lm_head = self._by_sampled[shape.num_sampled] = self._lm_head(shape.num_sampled)
+        qkv, o_proj, up_gate, down, elementwise, all_reduce = by_tokens
+        return sum(
+            (
+                qkv,
+                layers * self._attention_prefill(shape),
+                layers * self._attention_decode(shape),
+                o_proj,
+                up_gate,
+                down,
+                elementwise,
+                all_reduce,
+                lm_head,
+                self.hardware.step_overhead,
+            )
+        )
 
 
 def kv_cache_blocks(

@@ -31,6 +31,7 @@ def simulate(
     vocab_size: int,
     max_model_len: int | None = None,
     record_steps: bool = True,
+    record_step_requests: bool = False,
     progress: bool = False,
 ) -> SimulationResult:
     """Run `workload` through a fresh Engine whose executor `executor_factory(clock)` builds."""
@@ -44,6 +45,8 @@ def simulate(
         max_model_len=max_model_len,
         vocab_size=vocab_size,
         record_steps=record_steps,
+        record_step_requests=record_step_requests,
         final_outputs_only=True,
+        compact_records=True,
     )
     return replay(engine, workload, vocab_size=vocab_size, progress=progress)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
 
@@ -23,6 +23,8 @@ class DriverRequest:
     tokens: list[int] = field(default_factory=list)
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    num_blocks_sent: int = 0
+    sent: bool = False
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt)
@@ -75,33 +77,37 @@ def generate(
     while waiting or running:
         running.extend(waiting[:arrivals_per_step])
         del waiting[:arrivals_per_step]
-        scheduled = []
+        builder = OutputBuilder(step_id)
         for request in running:
             remaining = len(request.tokens) - request.num_computed
             num_new = min(remaining, chunk_size)
             end = request.num_computed + num_new
             allocator.grow(request, end, executor.block_size)
-            scheduled.append(ScheduledRequest(
-                request_id=request.request_id,
-                token_ids=request.tokens[request.num_computed:end],
-                start_position=request.num_computed,
-                block_table=list(request.blocks),
-                sample=end == len(request.tokens),
-                sampling_params=request.params,
-                num_prompt_tokens=len(request.prompt),
-                num_output_tokens=request.num_output,
-                eos_token_id=None,
-            ))
-        step = SchedulerOutput(step_id, scheduled, finished_request_ids=finished)
+            new = None
+            if not request.sent:
+                new = NewRequest(request.request_id, list(request.tokens), len(request.prompt),
+                                 list(request.blocks), request.params)
+                request.sent = True
+                added = None
+            else:
+                added = request.blocks[request.num_blocks_sent:]
+            request.num_blocks_sent = len(request.blocks)
+            builder.add(request.request_id, request.num_computed, num_new,
+                        end == len(request.tokens), num_prompt_tokens=len(request.prompt),
+                        new_request=new, new_block_ids=added)
+        step = builder.build(finished_request_ids=finished)
         output = executor.execute(step)
         finished = []
         step_id += 1
-        for request, item in zip(running, scheduled, strict=True):
-            request.num_computed += len(item.token_ids)
-            if item.sample:
-                request.tokens.extend(output.sampled_token_ids[request.request_id])
+        for request, num_new, sample, tokens in zip(
+            running, step.num_new_tokens, step.sample, output.sampled_token_ids, strict=True
+        ):
+            request.num_computed += num_new
+            if sample:
+                assert len(tokens) == 1
+                request.tokens.extend(tokens)
             else:
-                assert request.request_id not in output.sampled_token_ids
+                assert not tokens
         for request in [r for r in running if r.done]:
             running.remove(request)
             allocator.release(request)

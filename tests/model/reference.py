@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import torch
 
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
 
 
 def our_last_logits(executor: ModelExecutor, prompts: list[list[int]]) -> list[torch.Tensor]:
     """Prefill each prompt whole, all in one step; logits [vocab] at each last position."""
-    scheduled = []
+    builder = OutputBuilder(0)
     next_block = 0
     for index, prompt in enumerate(prompts):
         num_blocks = (len(prompt) + executor.block_size - 1) // executor.block_size
         table = list(range(next_block, next_block + num_blocks))[::-1]  # not a sorted range
         next_block += num_blocks
-        scheduled.append(ScheduledRequest(
-            request_id=f"p{index}", token_ids=list(prompt), start_position=0, block_table=table,
-            sample=True, sampling_params=SamplingParams(temperature=0.0),
-            num_prompt_tokens=len(prompt), num_output_tokens=0,
-        ))
-    logits = executor.compute_logits(SchedulerOutput(0, scheduled))
+        new = NewRequest(f"p{index}", list(prompt), len(prompt), table,
+                         SamplingParams(temperature=0.0))
+        builder.add(f"p{index}", 0, len(prompt), True, num_prompt_tokens=len(prompt),
+                    new_request=new)
+    logits = executor.compute_logits(builder.build())
     return [logits[f"p{i}"] for i in range(len(prompts))]
 
 

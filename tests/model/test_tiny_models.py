@@ -113,14 +113,17 @@ def test_greedy_continuous_batch_matches_transformers(tiny, prompts):
 
 
 def test_broken_step_contract_fails_clearly(tiny):
-    from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+    from heddle.core.outputs import NewRequest, OutputBuilder, SchedulerOutput
     from heddle.request import SamplingParams
 
     _, executor, _ = tiny
 
     def step(start: int, tokens: list[int], table: list[int]) -> SchedulerOutput:
-        return SchedulerOutput(0, [ScheduledRequest("x", tokens, start, table, True,
-                                                    SamplingParams(temperature=0.0), 1, 0)])
+        builder = OutputBuilder(0)
+        known = [7] * start + tokens
+        new = NewRequest("x", known, 1, table, SamplingParams(temperature=0.0))
+        builder.add("x", start, len(tokens), True, num_prompt_tokens=1, new_request=new)
+        return builder.build()
 
     with pytest.raises(ValueError, match="block table"):
         executor.execute(step(0, [1, 2, 3, 4, 5], [0]))  # 5 tokens, one 4-token block
@@ -128,6 +131,10 @@ def test_broken_step_contract_fails_clearly(tiny):
         executor.execute(step(0, [1, 2], [executor.num_blocks]))
     with pytest.raises(ValueError, match="max_model_len"):
         executor.execute(step(512, [1], list(range(129))))
+    cached = OutputBuilder(1)
+    cached.add("never-sent", 0, 1, True, num_prompt_tokens=1)
+    with pytest.raises(ValueError, match="never sent"):
+        executor.execute(cached.build())
 
 
 @pytest.mark.gpu

@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from dataclasses import dataclass
+
+from heddle.core.outputs import ExecutorOutput, NewRequest, OutputBuilder, SchedulerOutput
 from heddle.request import SamplingParams
+
+
+@dataclass(frozen=True)
+class Row:
+    request_id: str
+    num_new_tokens: int
+    start_position: int
+    sample: bool
+    num_prompt_tokens: int
+    num_output_tokens: int
+    true_output_len: int | None
+    eos_token_id: int | None
+    stop_token_ids: tuple[int, ...]
 
 
 def scheduled(
@@ -17,21 +32,51 @@ def scheduled(
     true_output_len: int | None = None,
     eos_token_id: int | None = None,
     stop_token_ids: tuple[int, ...] = (),
-) -> ScheduledRequest:
+) -> Row:
     context = start_position + num_new_tokens
-    return ScheduledRequest(
-        request_id=request_id,
-        token_ids=[5] * num_new_tokens,
-        start_position=start_position,
-        block_table=list(range(-(-context // 16))),
-        sample=sample,
-        sampling_params=SamplingParams(stop_token_ids=stop_token_ids),
-        num_prompt_tokens=context if num_prompt_tokens is None else num_prompt_tokens,
-        num_output_tokens=num_output_tokens,
-        true_output_len=true_output_len,
-        eos_token_id=eos_token_id,
+    return Row(
+        request_id,
+        num_new_tokens,
+        start_position,
+        sample,
+        context if num_prompt_tokens is None else num_prompt_tokens,
+        num_output_tokens,
+        true_output_len,
+        eos_token_id,
+        stop_token_ids,
     )
 
 
-def step(*requests: ScheduledRequest, step_id: int = 0) -> SchedulerOutput:
-    return SchedulerOutput(step_id=step_id, scheduled=list(requests))
+def step(*rows: Row, step_id: int = 0) -> SchedulerOutput:
+    """A step in which every row is a request the executor sees for the first time."""
+    builder = OutputBuilder(step_id)
+    for row in rows:
+        context = row.start_position + row.num_new_tokens
+        known = max(row.num_prompt_tokens + row.num_output_tokens, context)
+        new = NewRequest(
+            row.request_id,
+            [5] * known,
+            row.num_prompt_tokens,
+            list(range(-(-context // 16))),
+            SamplingParams(stop_token_ids=row.stop_token_ids),
+            row.eos_token_id,
+            row.true_output_len,
+        )
+        builder.add(
+            row.request_id,
+            row.start_position,
+            row.num_new_tokens,
+            row.sample,
+            num_prompt_tokens=row.num_prompt_tokens,
+            new_request=new,
+        )
+    return builder.build()
+
+
+def sampled(so: SchedulerOutput, out: ExecutorOutput) -> dict[str, list[int]]:
+    """request id -> tokens sampled, for the rows that sampled."""
+    return {
+        rid: list(tokens)
+        for rid, tokens in zip(so.request_ids, out.sampled_token_ids, strict=True)
+        if tokens
+    }

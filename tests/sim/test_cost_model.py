@@ -20,7 +20,7 @@ def test_from_scheduler_output_splits_chunks_from_single_tokens():
     )
     shape = StepShape.from_scheduler_output(so)
     assert shape.prefill_chunks == ((64, 192), (8, 8))
-    assert shape.decode_context_lens == (41, 10)
+    assert shape.num_decode_tokens == 2 and shape.decode_context_tokens == 41 + 10
     assert shape.num_sampled == 3
     assert shape.num_prefill_tokens == 72
     assert shape.num_decode_tokens == 2

@@ -6,13 +6,14 @@ import pytest
 
 from heddle.clock import VirtualClock
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
+from heddle.core.outputs import OutputBuilder
 from heddle.sim.cost_model import StepShape
 from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.registry import ConstantCostModel
 from heddle.sim.roofline import RooflineCostModel
 from heddle.sim.simulator import simulate
 from heddle.workloads import Workload, WorkloadRequest
-from tests.sim.factories import scheduled, step
+from tests.sim.factories import sampled, scheduled, step
 
 EOS = 2
 
@@ -34,8 +35,8 @@ def test_one_token_per_sampling_request():
     executor = SimulatedExecutor(ConstantCostModel(0.1), VirtualClock(), vocab_size=1000)
     so = step(scheduled("a", 16, 0, sample=False, num_prompt_tokens=40), scheduled("b", 1, 7))
     out = executor.execute(so)
-    assert set(out.sampled_token_ids) == {"b"}
-    assert len(out.sampled_token_ids["b"]) == 1
+    assert set(sampled(so, out)) == {"b"}
+    assert len(sampled(so, out)["b"]) == 1
 
 
 def test_eos_exactly_at_the_true_output_length():
@@ -46,45 +47,40 @@ def test_eos_exactly_at_the_true_output_length():
             scheduled(
                 "r",
                 1,
-                10 + num_output,
+                9 + num_output,  # computes the last known token: prompt + num_output
                 num_prompt_tokens=10,
                 num_output_tokens=num_output,
                 true_output_len=5,
                 eos_token_id=EOS,
             )
         )
-        tokens.extend(executor.execute(so).sampled_token_ids["r"])
+        tokens.extend(sampled(so, executor.execute(so))["r"])
     assert tokens[-1] == EOS
     assert EOS not in tokens[:-1]
     # The first token of a one-token answer is EOS too (sampled at the end of the prompt).
     first = step(scheduled("s", 10, 0, true_output_len=1, eos_token_id=EOS))
-    assert executor.execute(first).sampled_token_ids["s"] == [EOS]
+    assert sampled(first, executor.execute(first))["s"] == [EOS]
 
 
 def test_tokens_are_deterministic_and_avoid_stop_tokens():
-    def tokens(seed: int, request_id: str) -> list[int]:
+    """A request's ordinary token is one id, drawn once from (seed, request id): the same on
+    every run, never EOS or a stop token; across requests it covers the other ids."""
+
+    def tokens(seed: int, request_id: str, steps: int = 3) -> list[int]:
         executor = SimulatedExecutor(ConstantCostModel(), VirtualClock(), vocab_size=8, seed=seed)
-        return [
-            executor.execute(
-                step(
-                    scheduled(
-                        request_id,
-                        1,
-                        5 + i,
-                        num_prompt_tokens=5,
-                        num_output_tokens=i,
-                        eos_token_id=EOS,
-                        stop_token_ids=(3, 5),
-                    )
-                )
-            ).sampled_token_ids[request_id][0]
-            for i in range(200)
-        ]
+        so = step(scheduled(request_id, 5, 0, eos_token_id=EOS, stop_token_ids=(3, 5)))
+        out = [sampled(so, executor.execute(so))[request_id][0]]
+        for i in range(1, steps):  # the same request decoding on (sent once, then a row)
+            builder = OutputBuilder(i)
+            builder.add(request_id, 4 + i, 1, True, num_prompt_tokens=5)
+            so = builder.build()
+            out.append(sampled(so, executor.execute(so))[request_id][0])
+        return out
 
     assert tokens(0, "a") == tokens(0, "a")
-    assert tokens(0, "a") != tokens(1, "a")
-    assert tokens(0, "a") != tokens(0, "b")
-    assert set(tokens(0, "a")) == {0, 1, 4, 6, 7}  # never EOS (2) or a stop token (3, 5)
+    assert len(set(tokens(0, "a"))) == 1
+    per_request = {tokens(seed, f"r{i}", 1)[0] for seed in (0, 1) for i in range(100)}
+    assert per_request == {0, 1, 4, 6, 7}  # never EOS (2) or a stop token (3, 5)
 
 
 def test_a_vocabulary_of_only_stop_tokens_is_an_error():

@@ -40,19 +40,21 @@ def test_grid_respects_the_limits_and_covers_each_kind():
 def test_scheduler_output_has_the_requested_shape(shape):
     so = build_scheduler_output(shape, step_id=7, block_size=16, vocab_size=100)
     assert StepShape.from_scheduler_output(so) == shape
-    blocks = [b for s in so.scheduled for b in s.block_table]
+    assert [n.request_id for n in so.new_requests] == so.request_ids  # all new to the executor
+    blocks = [b for n in so.new_requests for b in n.block_ids]
     assert blocks == list(range(len(blocks)))  # fresh, distinct blocks
-    for s in so.scheduled:
-        assert len(s.block_table) * 16 >= s.context_len > (len(s.block_table) - 1) * 16
-        assert all(0 < t < 100 for t in s.token_ids)
-        assert s.sampling_params.temperature == 0.0
+    for s, new in zip(so.rows(), so.new_requests, strict=True):
+        table = new.block_ids
+        assert len(table) * 16 >= s.context_len > (len(table) - 1) * 16
+        assert all(0 < t < 100 for t in new.token_ids)
+        assert new.sampling_params.temperature == 0.0
         # A row samples exactly when it computes through the end of its known tokens; no row
         # computes past them, and a row that does not sample stops short of its prompt's end.
-        known = s.num_prompt_tokens + s.num_output_tokens
+        known = len(new.token_ids)
         assert s.context_len <= known
         assert s.sample == (s.context_len == known)
         if not s.sample:
-            assert s.context_len < s.num_prompt_tokens
+            assert s.context_len < new.num_prompt_tokens
 
 
 def test_too_many_blocks_is_an_error():
@@ -67,7 +69,7 @@ def test_profile_executor_times_each_shape_and_releases_requests():
     def execute(so: SchedulerOutput) -> ExecutorOutput:
         seen.append(so)
         clock.advance(0.001 * so.num_scheduled_tokens)
-        return ExecutorOutput({s.request_id: [1] for s in so.scheduled if s.sample}, 0.0)
+        return ExecutorOutput([[1] if sample else [] for sample in so.sample], 0.0)
 
     shapes = [StepShape((), (10,) * 4), StepShape(((8, 8),), (), num_sampled=1)]
     samples = profile_executor(execute, shapes, block_size=4, repeats=3, warmup=2, clock=clock)
@@ -75,7 +77,5 @@ def test_profile_executor_times_each_shape_and_releases_requests():
     assert len(seen) == 2 * 5
     assert seen[0].finished_request_ids == []
     for before, after in itertools.pairwise(seen):
-        assert after.finished_request_ids == [s.request_id for s in before.scheduled]
-        assert not {s.request_id for s in after.scheduled} & {
-            s.request_id for s in before.scheduled
-        }
+        assert after.finished_request_ids == before.request_ids
+        assert not set(after.request_ids) & set(before.request_ids)

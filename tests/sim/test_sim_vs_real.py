@@ -38,8 +38,7 @@ class SleepingExecutor:
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         seconds = self.cost.step_time(StepShape.from_scheduler_output(so))
         time.sleep(seconds)
-        sampled = {s.request_id: [self.tokens.next_token(s)] for s in so.scheduled if s.sample}
-        return ExecutorOutput(sampled, seconds)
+        return self.tokens.execute(so)  # the same tokens and duration (its own clock, unread)
 
 
 def small_workload() -> Workload:
@@ -68,6 +67,7 @@ def run_wall_clock(workload: Workload, cost: CostModel) -> list[list[str]]:
         clock=WallClock(),
         eos_token_id=SIM_EOS_TOKEN_ID,
         vocab_size=VOCAB,
+        record_step_requests=True,
     )
     replay(engine, workload, vocab_size=VOCAB)
     return [s.request_ids for s in engine.step_stats]
@@ -81,6 +81,7 @@ def test_simulated_and_wall_clock_runs_make_the_same_decisions():
         lambda clock: SimulatedExecutor(cost, clock, vocab_size=VOCAB),
         num_blocks=64,
         vocab_size=VOCAB,
+        record_step_requests=True,
     )
     sim_batches = [s.request_ids for s in simulated.step_stats]
     assert len(sim_batches) > 10

@@ -27,6 +27,7 @@ def run(wl: Workload, num_blocks: int = 256, **scheduler: object):
         lambda clock: CountingExecutor(clock, step_time=STEP),
         num_blocks=num_blocks,
         vocab_size=1000,
+        record_step_requests=True,
     )
 
 
