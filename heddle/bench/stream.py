@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from heddle.metrics.record import RequestRecord
+from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.workloads import WorkloadRequest
 
 
@@ -136,7 +136,7 @@ async def send_request(
         record.num_prompt_tokens = int(usage.get("prompt_tokens") or record.num_prompt_tokens)
         details = usage.get("prompt_tokens_details") or {}
         record.num_cached_tokens = int(details.get("cached_tokens") or 0)
-    record.token_times = spread_times(chunk_times, num_tokens)
+    record.token_times = TokenTimes.of(spread_times(chunk_times, num_tokens))
     record.first_token_time = record.token_times[0]
     record.finish_time = end
     record.finish_reason = finish_reason or "stop"

@@ -21,10 +21,10 @@ from typing import Any
 
 from heddle.engine.engine import Engine
 from heddle.engine.outputs import RequestOutput
-from heddle.errors import HeddleError, QueueFullError
+from heddle.errors import HeddleError
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
-from heddle.request import RequestStatus, SamplingParams
+from heddle.request import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +299,6 @@ class AsyncEngine:
         if not command.accepted.set_running_or_notify_cancel():
             return  # the caller gave up before the engine got to it
         try:
-            self._check_room(command.params.n)
             self.engine.add_request(
                 command.request_id, command.prompt_token_ids, command.params, **command.kwargs
             )
@@ -308,23 +307,6 @@ class AsyncEngine:
             return
         self._streams[command.request_id] = command.stream
         command.accepted.set_result(None)
-
-    def _check_room(self, num_sequences: int) -> None:
-        """All n sequences of a request fit in the waiting queue, or none is added.
-
-        (The engine checks the bound per sequence, and could keep the first sequences of a
-        group whose last one does not fit. A single sequence is left to the engine, so that a
-        bad request gets its InvalidRequestError even when the queue is full.)
-        """
-        if num_sequences == 1:
-            return
-        bound = self.engine.config.scheduler.max_waiting
-        waiting = len(self.engine.scheduler.waiting)
-        if bound is not None and waiting + num_sequences > bound:
-            raise QueueFullError(
-                f"the waiting queue is full ({waiting} of {bound} places taken, "
-                f"{num_sequences} needed); retry later"
-            )
 
     def _step(self) -> None:
         steps_before = self.engine.num_steps
@@ -394,17 +376,15 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(delivery.run)
 
     def _publish_stats(self) -> None:
-        scheduler = self.engine.scheduler
-        kv = self.engine.kv_cache
-        waiting = list(scheduler.waiting)
+        stats = self.engine.scheduler.stats()
         self.stats = EngineStats(
-            num_running=len(scheduler.running),
-            num_waiting=len(waiting),
-            num_preempted=sum(1 for r in waiting if r.status is RequestStatus.PREEMPTED),
-            num_preemptions_total=scheduler.num_preemptions,
-            kv_blocks_used=kv.num_used_blocks,
-            kv_blocks_free=kv.num_free_blocks,
-            prefix_cache_hit_rate=kv.prefix_hit_rate,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            num_preempted=stats.num_preempted,
+            num_preemptions_total=stats.num_preemptions_total,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_free=stats.kv_blocks_total - stats.kv_blocks_used,
+            prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
             num_steps=self.engine.num_steps,
         )
 

@@ -71,6 +71,11 @@ class IncrementalDetokenizer:
     def emitted_text(self) -> str:
         return self.text[: self._emitted]
 
+    @property
+    def num_emitted(self) -> int:
+        """Characters of `text` handed out so far."""
+        return self._emitted
+
     def take_delta(self, finished: bool) -> str:
         """Text not handed out yet; while running, keep back what may begin a stop string."""
         if finished or self.stop_hit is not None:

@@ -17,7 +17,9 @@ _STEP_FIELDS = frozenset(f.name for f in fields(StepStat))
 
 
 def record_to_dict(record: RequestRecord) -> dict[str, Any]:
-    return asdict(record)
+    out = {f.name: getattr(record, f.name) for f in fields(RequestRecord)}
+    out["token_times"] = list(record.token_times)
+    return out
 
 
 def record_from_dict(data: Mapping[str, Any]) -> RequestRecord:

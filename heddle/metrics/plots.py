@@ -121,7 +121,7 @@ def plot_timeline(
     tokens_ax.set_ylabel("tokens per step")
     batch_ax.step(t, [s.num_running for s in steps], where="post", label="running")
     batch_ax.step(t, [s.num_waiting for s in steps], where="post", label="waiting")
-    batch_ax.step(t, [len(s.request_ids) for s in steps], where="post", label="in step", lw=0.8)
+    batch_ax.step(t, [s.num_requests for s in steps], where="post", label="in step", lw=0.8)
     batch_ax.set_ylabel("requests")
     kv_ax.step(t, [s.kv_blocks_used for s in steps], where="post", label="blocks used")
     if steps:

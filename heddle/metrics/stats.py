@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -49,5 +51,54 @@ class LatencyStats:
             max=present[-1],
         )
 
+    @classmethod
+    def of_counts(cls, counts: Iterable[tuple[float, int]]) -> LatencyStats:
+        """Stats of a multiset given as (value, count) pairs: the same numbers `of` gives for
+        the values listed one by one (the mean is the correctly rounded sum, as fsum's)."""
+        pairs = sorted((v, c) for v, c in counts if c > 0)
+        if not pairs:
+            return cls()
+        values = [v for v, _ in pairs]
+        ends = list(itertools.accumulate(c for _, c in pairs))  # ends[i]: count of values <= i-th
+        total = ends[-1]
+
+        def at(rank: int) -> float:
+            return values[bisect.bisect_right(ends, rank)]
+
+        def percentile_of(q: float) -> float:
+            rank = q / 100.0 * (total - 1)
+            lo = math.floor(rank)
+            hi = min(lo + 1, total - 1)
+            low = at(lo)
+            return low + (at(hi) - low) * (rank - lo)
+
+        return cls(
+            count=total,
+            mean=_exact_weighted_sum(pairs) / total,
+            p50=percentile_of(50),
+            p90=percentile_of(90),
+            p99=percentile_of(99),
+            max=values[-1],
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitter for doubles
+
+
+def _exact_weighted_sum(pairs: Iterable[tuple[float, int]]) -> float:
+    """sum(value * count), correctly rounded: each product is split into terms that are exact
+    (a 26-bit half of the value times a 26-bit part of the count) and fsum adds them."""
+    terms: list[float] = []
+    for value, count in pairs:
+        t = value * _SPLIT
+        high = t - (t - value)  # the upper 26 bits of the value
+        low = value - high
+        count_low = count & 0x3FFFFFF
+        count_high = float(count >> 26)
+        terms += (high * count_low, low * count_low)
+        if count_high:
+            terms += (high * count_high * 67108864.0, low * count_high * 67108864.0)
+    return math.fsum(terms)

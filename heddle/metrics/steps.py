@@ -16,8 +16,15 @@ class StepStat:
     num_waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    # The requests in the step, in order: kept only when the engine is asked to
+    # (record_step_requests), as they cost memory per request per step.
     request_ids: list[str] = field(default_factory=list)
     token_budget: int = 0
+    num_requests: int = 0  # requests in the step (len(request_ids) when those are kept)
+
+    def __post_init__(self) -> None:
+        if not self.num_requests:
+            self.num_requests = len(self.request_ids)
 
     @property
     def num_tokens(self) -> int:

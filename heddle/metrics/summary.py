@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.metrics.record import RequestRecord
+from heddle.metrics.record import RequestRecord, itl_counts
 from heddle.metrics.stats import LatencyStats
 
 FAILED_REASONS = frozenset({"abort", "error"})
@@ -138,7 +138,7 @@ def run_span(records: Iterable[RequestRecord]) -> float:
     start, end = math.inf, -math.inf
     for r in records:
         start = min(start, r.arrival_time)
-        last = r.finish_time if r.finish_time is not None else max(r.token_times, default=None)
+        last = r.finish_time if r.finish_time is not None else r.last_token_time
         if last is not None:
             end = max(end, last)
     return max(0.0, end - start) if end > -math.inf else 0.0
@@ -200,7 +200,7 @@ def _summarize_class(
         goodput=None if within is None else rate(within),
         ttft=LatencyStats.of(r.ttft for r in completed),
         tpot=LatencyStats.of(r.tpot for r in completed),
-        itl=LatencyStats.of(itl for r in completed for itl in r.itls),
+        itl=LatencyStats.of_counts(itl_counts(completed)),
         e2e=LatencyStats.of(r.e2e for r in completed),
         queue_time=LatencyStats.of(r.queue_time for r in completed),
         stall_time=LatencyStats.of(r.stall_time for r in completed),

@@ -85,7 +85,6 @@ class _View:
 
     async def stream(self, stream: RequestStream) -> AsyncIterator[str]:
         final: RequestOutput | None = None
-        sent_logprobs: dict[int, int] = {}
         done: set[int] = set()
         try:
             for index in range(self.body.n):
@@ -98,9 +97,8 @@ class _View:
                     if c.index in done:
                         continue
                     logprobs = None
-                    if c.logprobs is not None:
-                        new = c.logprobs[sent_logprobs.get(c.index, 0) :]
-                        sent_logprobs[c.index] = len(c.logprobs)
+                    if c.delta_logprobs is not None:
+                        new = c.delta_logprobs
                         if new:
                             logprobs = chat_logprobs(self.state, new)
                     if not c.delta_text and not c.finished and logprobs is None:

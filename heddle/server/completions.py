@@ -104,7 +104,6 @@ class _View:
     async def stream(self, streams: list[RequestStream]) -> AsyncIterator[str]:
         include_usage = self.body.include_usage
         finals: list[RequestOutput] = []
-        sent_logprobs: dict[int, int] = {}
         text_offset: dict[int, int] = {}
         done: set[int] = set()
         try:
@@ -114,9 +113,8 @@ class _View:
                     if index in done:
                         continue
                     logprobs = None
-                    if c.logprobs is not None:
-                        new = c.logprobs[sent_logprobs.get(index, 0) :]
-                        sent_logprobs[index] = len(c.logprobs)
+                    if c.delta_logprobs is not None:
+                        new = c.delta_logprobs
                         if new:
                             offset = text_offset.get(index, 0)
                             logprobs = completion_logprobs(self.state, new, offset)

@@ -149,7 +149,7 @@ class ServerMetrics:
                     histogram.observe(value)
         for step in steps:
             self.step_time.observe(step.duration)
-            self.batch_size.observe(len(step.request_ids))
+            self.batch_size.observe(step.num_requests)
             self.step_tokens.observe(step.num_tokens)
 
     def render(self) -> bytes:

@@ -140,10 +140,7 @@ class RecordingExecutor:
 def batch_composition(scheduler_output: SchedulerOutput) -> list[list[Any]]:
     """[request id, tokens computed before the step, tokens this step, samples?] per request,
     in the order the scheduler chose."""
-    return [
-        [s.request_id, s.start_position, len(s.token_ids), s.sample]
-        for s in scheduler_output.scheduled
-    ]
+    return [list(row) for row in scheduler_output.rows()]
 
 
 def record_fields(record: Any) -> dict[str, Any]:

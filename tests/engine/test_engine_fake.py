@@ -71,8 +71,8 @@ def test_n_sequences_share_the_prompt_blocks():
     outputs = run(engine)
     assert [c.index for c in outputs["g"].outputs] == [0, 1, 2]
     first_step = executor.outputs[0]
-    assert [s.request_id for s in first_step.scheduled] == ["g-0"]
-    second = {s.request_id: s.start_position for s in executor.outputs[1].scheduled}
+    assert first_step.request_ids == ["g-0"]
+    second = {r.request_id: r.num_computed_tokens for r in executor.outputs[1].rows()}
     assert second == {"g-0": 20, "g-1": 16, "g-2": 16}  # children reuse 4 cached blocks
     engine.check_integrity()
 

@@ -10,6 +10,7 @@ from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput, TokenLogprobs
 from heddle.engine.engine import Engine
 from heddle.errors import ModelLoadError
+from heddle.request import SamplingParams
 
 EOS = 1
 ALPHABET = "abcdefghij "
@@ -41,20 +42,28 @@ class CycleExecutor:
     def __init__(self, step_time: float = 0.002, fail_on_token: int | None = None) -> None:
         self.step_time = step_time
         self.fail_on_token = fail_on_token
+        self._params: dict[str, SamplingParams] = {}  # per request, from the contract
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         time.sleep(self.step_time)
-        sampled: dict[str, list[int]] = {}
+        so = scheduler_output
+        for request_id in (*so.finished_request_ids, *so.preempted_request_ids):
+            self._params.pop(request_id, None)
+        for new in so.new_requests:
+            self._params[new.request_id] = new.sampling_params
+        sampled: list[list[int]] = []
         logprobs: dict[str, list[TokenLogprobs]] = {}
-        for s in scheduler_output.scheduled:
+        for s in so.rows():
             if not s.sample:
+                sampled.append([])
                 continue
             token = ord(ALPHABET[s.context_len % len(ALPHABET)])
             if token == self.fail_on_token:
                 raise RuntimeError("injected failure")
-            sampled[s.request_id] = [token]
-            if s.sampling_params.logprobs is not None:
-                top = [(token, -0.5), (ord("z"), -1.5)][: s.sampling_params.logprobs]
+            sampled.append([token])
+            params = self._params[s.request_id]
+            if params.logprobs is not None:
+                top = [(token, -0.5), (ord("z"), -1.5)][: params.logprobs]
                 logprobs[s.request_id] = [TokenLogprobs(token, -0.5, top)]
         return ExecutorOutput(sampled, self.step_time, logprobs)
 
