@@ -106,7 +106,7 @@ def decode_step_times(llm: LLM, batch: int, context: int, steps: int, vocab: int
     decode = [
         s.duration
         for s in engine.step_stats
-        if s.num_prefill_tokens == 0 and len(s.request_ids) == batch
+        if s.num_prefill_tokens == 0 and s.num_requests == batch
     ]
     return statistics.median(decode)
 

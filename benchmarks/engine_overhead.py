@@ -1,0 +1,145 @@
+"""Real-engine time outside the executor, in decode steps only, per batch size.
+
+For each batch size B: B requests (seeded prompts of --prompt-len tokens, ignore_eos) are
+admitted and prefilled; once every one of them decodes, the engine's counters
+(`execute_seconds`, `overhead_seconds`) are reset and --decode-steps steps are timed. A step
+that computes anything but one token per request would spoil the figure, so the script checks
+that every timed step was a pure decode step. Reported per B: the median step time and the
+share of step time spent outside `Executor.execute()` (scheduler, KV bookkeeping, block
+hashing, output processing).
+
+Also measured in the same run: the prefix cache's block hash (per full block) and what it
+costs a decode step at each batch size (a decode step fills B / block_size blocks on average).
+
+    /work/tools/bench /work/tools/py benchmarks/engine_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from heddle.engine.llm import LLM
+from heddle.request import SamplingParams
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hash_seconds_per_block(block_size: int, repeats: int = 20000) -> float:
+    """Median over 5 rounds of the time to hash one full block, chained from a parent."""
+    try:
+        from heddle.core.block_hash import hash_block_tokens as hash_block
+
+        parent: Any = hash_block(None, list(range(block_size)))
+    except ImportError:  # the code before the cryptographic hash
+        from heddle.core.kv_cache import ROOT_HASH
+        from heddle.core.kv_cache import chain_hash as hash_block
+
+        parent = ROOT_HASH
+    tokens = [random.Random(i).randrange(100, 32000) for i in range(block_size)]
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        h = parent
+        for _ in range(repeats):
+            h = hash_block(h, tokens)
+        rounds.append((time.perf_counter() - start) / repeats)
+    return statistics.median(rounds)
+
+
+def measure(llm: LLM, batch: int, prompt_len: int, decode_steps: int, seed: int) -> dict[str, Any]:
+    engine = llm.engine
+    rng = random.Random(seed + batch)
+    vocab = engine.vocab_size or 32000
+    ids = [f"b{batch}-{i}" for i in range(batch)]
+    params = SamplingParams(max_tokens=decode_steps + 8, ignore_eos=True, temperature=0.0)
+    for request_id in ids:
+        prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
+        engine.add_request(request_id, prompt, params)
+    # Prefill: step until every request has its first token.
+    started: set[str] = set()
+    while len(started) < batch:
+        for output in engine.step():
+            started.add(output.request_id)
+    steps_before = len(engine.step_stats)
+    engine.execute_seconds = engine.overhead_seconds = 0.0
+    step_times = []
+    for _ in range(decode_steps):
+        start = time.perf_counter()
+        engine.step()
+        step_times.append(time.perf_counter() - start)
+    timed = engine.step_stats[steps_before:]
+    if len(timed) != decode_steps or any(
+        s.num_prefill_tokens or s.num_decode_tokens != batch for s in timed
+    ):
+        raise RuntimeError(f"batch {batch}: a timed step was not a pure decode step of {batch}")
+    execute, overhead = engine.execute_seconds, engine.overhead_seconds
+    for request_id in ids:
+        engine.abort_request(request_id)
+    engine.check_integrity()
+    return {
+        "batch": batch,
+        "decode_steps": decode_steps,
+        "step_ms_median": 1000 * statistics.median(step_times),
+        "execute_s": execute,
+        "overhead_s": overhead,
+        "overhead_share": overhead / (execute + overhead),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", default="1,8,32,64")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--decode-steps", type=int, default=24)
+    parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="results/engine_overhead.json")
+    args = parser.parse_args()
+
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    llm = LLM(
+        dtype="float32",
+        num_threads=args.num_threads,
+        max_num_seqs=max(batches),
+        max_num_batched_tokens=2048,
+        block_size=16,
+        num_blocks=max(batches) * (args.prompt_len + args.decode_steps + 16) // 16 + 64,
+    )
+    print(f"machine: {cpu_model()}, {platform.machine()}, torch threads {args.num_threads}")
+    measure(llm, 1, args.prompt_len, 4, args.seed)  # warm up kernels and the allocator
+    rows = [measure(llm, b, args.prompt_len, args.decode_steps, args.seed) for b in batches]
+    per_block = hash_seconds_per_block(16)
+    print(f"block hash: {1e6 * per_block:.2f} us per full block of 16 tokens")
+    print(f"{'batch':>5} {'step ms':>8} {'outside executor':>17} {'hashing / step':>15}")
+    for row in rows:
+        hash_share = per_block * row["batch"] / 16 / (row["step_ms_median"] / 1000)
+        row["hash_share"] = hash_share
+        print(
+            f"{row['batch']:5d} {row['step_ms_median']:8.1f} "
+            f"{100 * row['overhead_share']:16.2f}% {100 * hash_share:14.4f}%"
+        )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(
+        json.dumps(
+            {"machine": cpu_model(), "hash_seconds_per_block": per_block, "rows": rows}, indent=1
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
