@@ -148,13 +148,13 @@ class _Sequence:
         if self.detokenizer is not None:
             delta_text = self.detokenizer.take_delta(finished)
             text = self.detokenizer.emitted_text
-        return CompletionOutput(
-            index=self.index,
+        return CompletionOutput.of(
+            self.index,
             text=text,
-            token_ids=list(self.output_token_ids),
+            token_ids=self.output_token_ids,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
-            logprobs=list(self.logprobs) if self.logprobs is not None else None,
+            logprobs=self.logprobs,
             delta_text=delta_text,
             delta_token_ids=delta_ids,
             metrics=self.record,
@@ -454,7 +454,8 @@ class ClusterEngine:
                 sequence.num_cached_tokens = chunk.num_cached_tokens
                 record.num_cached_tokens = chunk.num_cached_tokens
             sequence.output_token_ids.extend(chunk.token_ids)
-            record.token_times.extend([now] * len(chunk.token_ids))
+            for _ in chunk.token_ids:
+                record.token_times.add_time(now)
             if sequence.logprobs is not None and chunk.logprobs:
                 sequence.logprobs.extend(chunk.logprobs)
             detokenizer = sequence.detokenizer

@@ -178,13 +178,15 @@ class Engine:
         """End sequence `index` of a request on a stop string found outside the engine (a front
         end that detokenizes); its KV blocks return to the pool. Returns the request's final
         output once every sequence has finished, else None."""
-        group = self._groups.get(request_id)
-        if group is None or not 0 <= index < len(group.sequences):
+        requests = self.outputs.group_requests(request_id)
+        if not 0 <= index < len(requests):
             return None
-        request = group.sequences[index].request
+        request = requests[index]
         if not request.is_finished:
             self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop)
-        return self._group_output(group) if group.finished else None
+        if all(r.is_finished for r in requests):
+            return self.outputs.output_of(request_id)
+        return None
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.outputs)

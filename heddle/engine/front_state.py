@@ -105,13 +105,13 @@ class RequestState:
                 delta_text = s.detokenizer.take_delta(done)
                 text = s.detokenizer.emitted_text
             completions.append(
-                CompletionOutput(
-                    index=s.index,
+                CompletionOutput.of(
+                    s.index,
                     text=text,
-                    token_ids=list(s.token_ids),
+                    token_ids=s.token_ids,
                     finish_reason=s.finish_reason,
                     stop_reason=s.stop_reason,
-                    logprobs=list(s.logprobs) if s.logprobs is not None else None,
+                    logprobs=s.logprobs,
                     delta_text=delta_text,
                     delta_token_ids=delta_ids,
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from heddle.core.outputs import TokenLogprobs
 from heddle.metrics.record import RequestRecord
@@ -68,6 +69,28 @@ class CompletionOutput:
         self.finish_reason = finish_reason
         self.stop_reason = stop_reason
         self.metrics = metrics
+
+    @classmethod
+    def of(
+        cls,
+        index: int,
+        *,
+        text: str,
+        token_ids: Sequence[int],
+        logprobs: Sequence[TokenLogprobs] | None = None,
+        **rest: Any,
+    ) -> CompletionOutput:
+        """An output from whole lists (a front end that assembles deltas it received)."""
+        return cls(
+            index,
+            tokens=list(token_ids),
+            num_tokens=len(token_ids),
+            text=text,
+            text_len=len(text),
+            logprobs=None if logprobs is None else list(logprobs),
+            num_logprobs=0 if logprobs is None else len(logprobs),
+            **rest,
+        )
 
     @property
     def token_ids(self) -> list[int]:

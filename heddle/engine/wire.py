@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from heddle.core.outputs import TokenLogprobs
-from heddle.metrics.record import RequestRecord
+from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.metrics.steps import StepStat
 from heddle.request import SamplingParams
 
@@ -131,8 +131,20 @@ class Ready(msgspec.Struct):
     tokenizer: bytes  # the pickled tokenizer (the front end detokenizes)
 
 
-_batch_encoder = msgspec.msgpack.Encoder()
-_batch_decoder = msgspec.msgpack.Decoder(StepBatch)
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, TokenTimes):  # a record's token times travel as a list of floats
+        return list(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(kind: type, obj: Any) -> Any:
+    if kind is TokenTimes:
+        return TokenTimes.of(obj)
+    raise NotImplementedError(f"cannot decode {kind.__name__}")
+
+
+_batch_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_batch_decoder = msgspec.msgpack.Decoder(StepBatch, dec_hook=_dec_hook)
 _ready_decoder = msgspec.msgpack.Decoder(Ready)
 
 

@@ -13,14 +13,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from heddle.core.block_hash import BlockHash
+
 
 class PrefixIndex:
     def __init__(self, capacity_blocks: int | None = None) -> None:
         self.capacity_blocks = capacity_blocks
-        self._holders: dict[int, set[int]] = {}  # block hash -> replicas holding it
-        self._lru: dict[int, OrderedDict[int, None]] = {}  # replica -> its hashes, oldest first
+        self._holders: dict[BlockHash, set[int]] = {}  # block hash -> replicas holding it
+        # replica -> its hashes, oldest first
+        self._lru: dict[int, OrderedDict[BlockHash, None]] = {}
 
-    def insert(self, replica_id: int, block_hashes: Iterable[int]) -> None:
+    def insert(self, replica_id: int, block_hashes: Iterable[BlockHash]) -> None:
         """`replica_id` now holds these blocks (most recently used)."""
         lru = self._lru.setdefault(replica_id, OrderedDict())
         for block_hash in block_hashes:
@@ -39,7 +42,7 @@ class PrefixIndex:
         for block_hash in self._lru.pop(replica_id, ()):
             self._drop(block_hash, replica_id)
 
-    def _drop(self, block_hash: int, replica_id: int) -> None:
+    def _drop(self, block_hash: BlockHash, replica_id: int) -> None:
         holders = self._holders.get(block_hash)
         if holders is None:
             return
@@ -50,7 +53,7 @@ class PrefixIndex:
     def num_blocks(self, replica_id: int) -> int:
         return len(self._lru.get(replica_id, ()))
 
-    def match(self, block_hashes: Sequence[int], candidates: Iterable[int]) -> dict[int, int]:
+    def match(self, block_hashes: Sequence[BlockHash], candidates: Iterable[int]) -> dict[int, int]:
         """Leading blocks of `block_hashes` each candidate holds (only those holding >= 1)."""
         alive = set(candidates)
         matched: dict[int, int] = {}
@@ -70,7 +73,7 @@ class PrefixIndex:
                 matched[replica_id] = depth
         return matched
 
-    def touch(self, replica_id: int, block_hashes: Sequence[int]) -> None:
+    def touch(self, replica_id: int, block_hashes: Sequence[BlockHash]) -> None:
         """Mark blocks the replica already holds as just used (a cache hit keeps them warm)."""
         lru = self._lru.get(replica_id)
         if lru is None:

@@ -30,7 +30,7 @@ from typing import Any
 from heddle.engine.engine import Engine
 from heddle.engine.outputs import RequestOutput
 from heddle.errors import HeddleError
-from heddle.metrics.record import RequestRecord
+from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.request import SamplingParams
 from heddle.router.report import engine_report
 from heddle.router.router import Router
@@ -326,9 +326,10 @@ class _ClusterLoop:
             del self.flights[flight.engine_request_id]
             tokens, record = _progress(engine, unpublished, flight.engine_request_id)
             # Tokens whose step ended after the failure never reached the client.
-            delivered = bisect.bisect_right(record.token_times, now)
+            times = list(record.token_times)
+            delivered = bisect.bisect_right(times, now)
             flight.delivered.extend(tokens[:delivered])
-            flight.delivered_times.extend(record.token_times[:delivered])
+            flight.delivered_times.extend(times[:delivered])
             flight.dead_records.append(record)
             flight.attempt += 1
             self.result.num_resumed += 1
@@ -392,7 +393,7 @@ def _merge(flight: _Flight, last: RequestRecord) -> RequestRecord:
         ttft_slo=first.ttft_slo,
         tpot_slo=first.tpot_slo,
     )
-    merged.token_times = [*flight.delivered_times, *last.token_times]
+    merged.token_times = TokenTimes.of([*flight.delivered_times, *last.token_times])
     merged.first_token_time = merged.token_times[0] if merged.token_times else None
     merged.first_scheduled_time = next(
         (a.first_scheduled_time for a in attempts if a.first_scheduled_time is not None), None

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from heddle.core.kv_cache import ROOT_HASH, chain_hash
+from heddle.core import block_hash
+from heddle.core.block_hash import BlockHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ class RouteRequest:
     priority: int = 0
     # The conversation or agent session this request continues (None: route by prefix only).
     session_id: str | None = None
-    _block_hashes: list[int] | None = None
+    _block_hashes: list[BlockHash] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -103,18 +104,14 @@ class RouteRequest:
         """Work the request brings to a replica, before any cache hit."""
         return self.num_prompt_tokens + self.max_tokens
 
-    def block_hashes(self, block_size: int) -> list[int]:
+    def block_hashes(self, block_size: int) -> list[BlockHash]:
         """Chained hashes of the prompt's full blocks, as the replicas' prefix caches key them."""
         if self._block_hashes is None:
             self._block_hashes = token_block_hashes(self.prompt_token_ids, block_size)
         return self._block_hashes
 
 
-def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chain of block hashes of `token_ids`' full blocks (the engine's own hash)."""
-    hashes = []
-    parent = ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = chain_hash(parent, token_ids[start : start + block_size])
-        hashes.append(parent)
-    return hashes
+def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
+    """The chain of block hashes of `token_ids`' full blocks (the engine's own chained SHA-256,
+    without namespace or salt: the router compares its own hashes only)."""
+    return block_hash.block_hashes(token_ids, block_size)
