@@ -153,7 +153,7 @@ def main() -> None:
         kv_cache_memory_gb=2.0,
     )
     executor = llm.engine.executor
-    arch = executor.arch  # type: ignore[attr-defined]
+    arch = executor.model_shape  # type: ignore[attr-defined]
     dtype = executor.dtype  # type: ignore[attr-defined]
     workload = make_workload(args.num_requests, args.seed, arch.vocab_size)
     result: dict[str, object] = {

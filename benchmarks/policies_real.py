@@ -151,7 +151,7 @@ class RealBench:
             from heddle.model.executor import ModelExecutor
 
             ex = ModelExecutor(self.model_config, self.cache_config)
-            self.executor, self.num_blocks, self.vocab = ex, ex.num_blocks, ex.arch.vocab_size
+            self.executor, self.num_blocks, self.vocab = ex, ex.num_blocks, ex.model_shape.vocab_size
             self.eos_token_id, self.max_model_len = ex.eos_token_id, ex.max_model_len
             self.describe = f"{ex.model_name} ({ex.dtype})"
 

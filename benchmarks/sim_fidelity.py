@@ -81,7 +81,7 @@ def main() -> None:
 
     config = engine_config(args)
     executor = ModelExecutor(config.model, config.cache)
-    vocab = executor.arch.vocab_size
+    vocab = executor.model_shape.vocab_size
     started = time.perf_counter()
     shapes = profile_grid(
         max_num_batched_tokens=args.budget,

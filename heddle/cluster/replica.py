@@ -40,7 +40,7 @@ def model_engine_factory(config: EngineConfig, max_model_len: int | None = None)
             tokenizer=None,  # the front end detokenizes
             eos_token_id=executor.eos_token_id,
             max_model_len=limit,
-            vocab_size=executor.arch.vocab_size,
+            vocab_size=executor.model_shape.vocab_size,
         )
         return engine, executor.tokenizer, executor.model_name
 

@@ -100,7 +100,7 @@ class Engine:
             tokenizer=executor.tokenizer,
             eos_token_id=executor.eos_token_id,
             max_model_len=executor.max_model_len,
-            vocab_size=executor.arch.vocab_size,
+            vocab_size=executor.model_shape.vocab_size,
             kv_namespace=f"{executor.model_name}:{executor.dtype}",
             **kwargs,
         )

@@ -50,13 +50,13 @@ class ModelExecutor:
                                           device=self.device, max_positions=self.max_model_len,
                                           use_decode_kernel=use_decode_kernel)
         loaded.weights.clear()
-        self.arch = spec.cost_spec(self.model_name, str(self.dtype).removeprefix("torch."))
+        self.model_shape = spec.shape(self.model_name, str(self.dtype).removeprefix("torch."))
 
         self.block_size = cache_config.block_size
         if cache_config.num_blocks is not None:
             self.num_blocks = cache_config.num_blocks
         else:
-            block_bytes = self.arch.kv_bytes_per_token() * self.block_size
+            block_bytes = self.model_shape.kv_bytes_per_token() * self.block_size
             self.num_blocks = int(cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
             if self.num_blocks < 1:
                 raise HeddleError("kv_cache_memory_gb is too small for one KV block")

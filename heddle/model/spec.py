@@ -1,15 +1,15 @@
-"""What a loaded network looks like: its hyperparameters (`ModelSpec`), and the same network as
-the simulator's cost models see it (`ModelSpec.cost_spec`)."""
+"""What a loaded network looks like: the hyperparameters the network is built from (`ModelSpec`).
+
+Its sizes alone, as the cost models and the KV cache sizing see them, are a
+`heddle.model_shape.ModelShape` (`ModelSpec.shape`). Torch-free.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from heddle.errors import ModelLoadError
-
-if TYPE_CHECKING:
-    from heddle.sim.specs import ModelSpec as CostModelSpec
+from heddle.model_shape import ModelShape
 
 SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -77,12 +77,10 @@ class ModelSpec:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def cost_spec(self, name: str, dtype: str) -> CostModelSpec:
-        """This network as the simulator's cost models see it (sizes, KV bytes per token), with
-        weights and KV cache in `dtype` ("float32", "bfloat16", "float16")."""
-        from heddle.sim.specs import ModelSpec as CostModelSpec
-
-        return CostModelSpec(
+    def shape(self, name: str, dtype: str) -> ModelShape:
+        """This network's sizes (KV bytes per token, weight bytes, ...) with weights and KV cache
+        in `dtype` ("float32", "bfloat16", "float16")."""
+        return ModelShape(
             name=name,
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,

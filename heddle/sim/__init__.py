@@ -5,6 +5,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+from heddle.model_shape import ModelShape
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.profiled import ProfiledCostModel, fit_profile
@@ -13,7 +14,6 @@ from heddle.sim.registry import ConstantCostModel, cost_model_names, make_cost_m
 from heddle.sim.roofline import RooflineCostModel, kv_cache_blocks
 from heddle.sim.specs import (
     HardwareSpec,
-    ModelSpec,
     hardware_ids,
     load_hardware_spec,
     load_model_spec,
@@ -24,7 +24,7 @@ __all__ = [
     "ConstantCostModel",
     "CostModel",
     "HardwareSpec",
-    "ModelSpec",
+    "ModelShape",
     "ProfiledCostModel",
     "RooflineCostModel",
     "SimulatedExecutor",

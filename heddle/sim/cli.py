@@ -261,7 +261,7 @@ def run_profile(args: argparse.Namespace) -> int:
         executor.block_size,
         repeats=args.repeats,
         num_blocks=executor.num_blocks,
-        vocab_size=executor.arch.vocab_size,
+        vocab_size=executor.model_shape.vocab_size,
     )
     fitted = fit_profile(
         samples,

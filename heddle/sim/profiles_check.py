@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from heddle.model_shape import ModelShape
 from heddle.sim.roofline import RooflineCostModel
-from heddle.sim.specs import HardwareSpec, ModelSpec, load_hardware_spec
+from heddle.sim.specs import HardwareSpec, load_hardware_spec
 
 # measured column -> roofline operator
 OPERATOR_COLUMNS = {
@@ -54,7 +55,7 @@ def profiles_dir() -> Path | None:
 
 @dataclass(frozen=True, slots=True)
 class MeasuredOp:
-    model: ModelSpec  # one layer of the profiled model (num_layers=1)
+    model: ModelShape  # one layer of the profiled model (num_layers=1)
     operator: str  # roofline operator name
     num_tokens: int
     tp: int
@@ -75,12 +76,12 @@ class Comparison:
 def load_linear_profile(path: Path, model_name: str) -> list[MeasuredOp]:
     """The median time of each linear operator at each (num_tokens, tp) in one profile CSV."""
     grouped: dict[tuple[str, int, int], list[float]] = defaultdict(list)
-    model: ModelSpec | None = None
+    model: ModelShape | None = None
     with path.open() as f:
         for row in csv.DictReader(f):
             if model is None:
                 hidden, heads = int(row["n_embd"]), int(row["n_head"])
-                model = ModelSpec(
+                model = ModelShape(
                     name=model_name,
                     num_layers=1,
                     hidden_size=hidden,

@@ -17,14 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from heddle.errors import HeddleError
+from heddle.model_shape import DTYPE_BYTES, ModelShape
 from heddle.sim.cost_model import CostModel, StepShape
-from heddle.sim.specs import (
-    DTYPE_BYTES,
-    HardwareSpec,
-    ModelSpec,
-    load_hardware_spec,
-    load_model_spec,
-)
+from heddle.sim.specs import HardwareSpec, load_hardware_spec, load_model_spec
 
 LAYER_LINEARS = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_down")
 OPERATORS = (
@@ -47,12 +42,12 @@ class Roofline:
 class RooflineCostModel(CostModel):
     def __init__(
         self,
-        model: ModelSpec | str | Path,
+        model: ModelShape | str | Path,
         hardware: HardwareSpec | str | Path,
         tp: int | None = None,
         dtype: str | None = None,
     ) -> None:
-        self.model = model if isinstance(model, ModelSpec) else load_model_spec(model)
+        self.model = model if isinstance(model, ModelShape) else load_model_spec(model)
         if dtype is not None:
             if dtype not in DTYPE_BYTES:
                 raise HeddleError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
@@ -236,7 +231,7 @@ class RooflineCostModel(CostModel):
 
 
 def kv_cache_blocks(
-    model: ModelSpec | str | Path,
+    model: ModelShape | str | Path,
     hardware: HardwareSpec | str | Path,
     block_size: int,
     gpu_memory_utilization: float = 0.9,
@@ -251,7 +246,7 @@ def kv_cache_blocks(
     fp32 logits for `max_num_seqs` rows. Each block holds K and V of `block_size` tokens, all
     layers, this device's KV heads.
     """
-    m = model if isinstance(model, ModelSpec) else load_model_spec(model)
+    m = model if isinstance(model, ModelShape) else load_model_spec(model)
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware_spec(hardware)
     if block_size < 1 or tp < 1:
         raise HeddleError("block_size and tp must be positive")

@@ -1,7 +1,8 @@
 """Model and hardware specs for the roofline: frozen dataclasses loaded from JSON.
 
-The shipped specs live in `heddle/sim/specs/` as `model.<id>.json` and `hardware.<id>.json`;
-a path to a JSON file of the same shape works wherever an id does.
+The shipped specs live in `heddle/sim/specs/` as `model.<id>.json` (a `ModelShape`, see
+heddle/model_shape.py) and `hardware.<id>.json` (a `HardwareSpec`); a path to a JSON file of the
+same shape works wherever an id does.
 """
 
 from __future__ import annotations
@@ -12,81 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from heddle.errors import HeddleError
+from heddle.model_shape import ModelShape
 
 SPECS_DIR = Path(__file__).parent / "specs"
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """The shape of a decoder-only transformer with grouped-query attention and a gated MLP."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype: str = "bfloat16"
-    tie_word_embeddings: bool = False
-    default_tp: int = 1  # tensor-parallel degree the model is usually served with
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        for f in (
-            "num_layers",
-            "hidden_size",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "intermediate_size",
-            "vocab_size",
-            "default_tp",
-        ):
-            if getattr(self, f) < 1:
-                raise HeddleError(f"model spec {self.name!r}: {f} must be positive")
-        if self.num_heads % self.num_kv_heads:
-            raise HeddleError(f"model spec {self.name!r}: num_heads must divide by num_kv_heads")
-        if self.dtype not in DTYPE_BYTES:
-            raise HeddleError(
-                f"model spec {self.name!r}: unknown dtype {self.dtype!r}; "
-                f"use one of {', '.join(DTYPE_BYTES)}"
-            )
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def layer_params(self) -> int:
-        """Weights of one decoder layer: qkv, o, gate+up, down, two norms."""
-        qkv = self.hidden_size * (self.q_size + 2 * self.kv_size)
-        o_proj = self.q_size * self.hidden_size
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        return qkv + o_proj + mlp + 2 * self.hidden_size
-
-    def num_params(self) -> int:
-        embeddings = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else embeddings
-        return self.num_layers * self.layer_params() + embeddings + lm_head + self.hidden_size
-
-    def weight_bytes(self) -> int:
-        return self.num_params() * self.dtype_bytes
-
-    def kv_bytes_per_token(self, tp: int = 1) -> int:
-        """K and V bytes one token occupies on one GPU, all layers (KV heads split over tp)."""
-        kv_heads_per_gpu = max(1, self.num_kv_heads // tp)
-        return 2 * self.num_layers * kv_heads_per_gpu * self.head_dim * self.dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +91,9 @@ def _build(cls: type, kind: str, data: dict[str, Any]) -> Any:
         raise HeddleError(f"{kind} spec {data.get('name')!r}: {e}") from e
 
 
-def load_model_spec(id_or_path: str | Path) -> ModelSpec:
-    spec: ModelSpec = _build(ModelSpec, "model", _load_json("model", id_or_path))
-    return spec
+def load_model_spec(id_or_path: str | Path) -> ModelShape:
+    shape: ModelShape = _build(ModelShape, "model", _load_json("model", id_or_path))
+    return shape
 
 
 def load_hardware_spec(id_or_path: str | Path) -> HardwareSpec:

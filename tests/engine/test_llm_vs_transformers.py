@@ -42,7 +42,7 @@ def llm(smol_executor) -> LLM:
         tokenizer=smol_executor.tokenizer,
         eos_token_id=smol_executor.eos_token_id,
         max_model_len=smol_executor.max_model_len,
-        vocab_size=smol_executor.arch.vocab_size,
+        vocab_size=smol_executor.model_shape.vocab_size,
     )
     return LLM.from_engine(engine)
 

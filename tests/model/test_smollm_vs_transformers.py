@@ -50,10 +50,11 @@ def test_executor_describes_the_embedded_model(smol_executor):
     assert smol_executor.model_name == "SmolLM2-135M-Instruct"
     assert smol_executor.max_model_len == 8192
     assert smol_executor.eos_token_id == 2
-    arch = smol_executor.arch
-    assert (arch.num_layers, arch.hidden_size, arch.num_heads, arch.num_kv_heads) == (30, 576, 9, 3)
-    assert (arch.head_dim, arch.intermediate_size, arch.vocab_size) == (64, 1536, 49152)
-    assert arch.dtype_bytes == 4
+    shape = smol_executor.model_shape
+    sizes = (shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads)
+    assert sizes == (30, 576, 9, 3)
+    assert (shape.head_dim, shape.intermediate_size, shape.vocab_size) == (64, 1536, 49152)
+    assert shape.dtype_bytes == 4
     assert len(smol_executor.kv_caches) == 30
     assert smol_executor.kv_caches[0].shape == (2, 3, 512, 16, 64)
 

@@ -96,7 +96,7 @@ def test_spec_read_from_config(tiny):
     assert (spec.rope_scaling is not None) == (family == "llama3")
     assert spec.sliding_window == (24 if family == "mistral" else None)
     assert executor.tokenizer is None and executor.eos_token_id is None
-    assert executor.arch.vocab_size == VOCAB
+    assert executor.model_shape.vocab_size == VOCAB
 
 
 def test_logits_match_transformers(tiny, prompts):

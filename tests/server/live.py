@@ -56,7 +56,7 @@ def real_engine(**scheduler: Any) -> Engine:
         tokenizer=executor.tokenizer,
         eos_token_id=executor.eos_token_id,
         max_model_len=MAX_MODEL_LEN,
-        vocab_size=executor.arch.vocab_size,
+        vocab_size=executor.model_shape.vocab_size,
     )
 
 
