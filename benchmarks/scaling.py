@@ -32,6 +32,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from heddle.cli.flags import parse_key_values
+
 RESULTS = Path("results/scaling")
 MODEL, HARDWARE = "llama-3.1-8b", "h100"
 ROUTERS = ("round-robin", "least-tokens", "pow2", "ray-prefix", "affinity", "class-aware")
@@ -63,15 +65,11 @@ SCALE_REQUESTS_PER_REPLICA = 500
 # -- simulator -----------------------------------------------------------------------------
 def _setup() -> tuple[Any, Any, int, int]:
     from heddle.config import EngineConfig, SchedulerConfig
-    from heddle.sim import RooflineCostModel, kv_cache_blocks, load_hardware_spec, load_model_spec
+    from heddle.sim import sim_machine
 
-    model, hardware = load_model_spec(MODEL), load_hardware_spec(HARDWARE)
-    cost = RooflineCostModel(model, hardware, tp=1)
     config = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256))
-    blocks = kv_cache_blocks(
-        model, hardware, 16, tp=1, max_num_batched_tokens=8192, max_num_seqs=256
-    )
-    return config, cost, blocks, model.vocab_size
+    machine = sim_machine(config, model=MODEL, hardware=HARDWARE, tp=1)
+    return config, machine.cost_model, machine.num_blocks, machine.shape.vocab_size
 
 
 def run_cluster(
@@ -92,7 +90,7 @@ def run_cluster(
     name, options = WORKLOADS[workload_name]
     # A router spec is NAME or NAME:KEY=VALUE,KEY=VALUE (e.g. class-aware:bulk_share=0.5).
     router_name, _, spec = router.partition(":")
-    router_options = {k: json.loads(v) for k, v in (kv.split("=") for kv in spec.split(",") if kv)}
+    router_options = parse_key_values([kv for kv in spec.split(",") if kv], "a router spec")
     workload = get_workload(name, num_requests=num_requests, rate=rate, seed=seed, **options)
     result = simulate_cluster(
         workload,

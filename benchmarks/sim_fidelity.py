@@ -28,8 +28,9 @@ from heddle.engine.engine import Engine
 from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
-from heddle.sim import SimulatedExecutor, fit_profile, profile_executor, profile_grid
-from heddle.sim.simulator import simulate
+from heddle.model.profiling import profile_executor, profile_grid
+from heddle.sim.profiled import fit_profile
+from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
 
 # (workload, generator options) scaled so a 2-core CPU serves them in tens of seconds.
@@ -130,14 +131,14 @@ def main() -> None:
                 vocab_size=vocab,
             )
             real_run = replay(engine, workload, vocab_size=vocab)
-            sim_run = simulate(
-                workload,
+            sim_engine = build_sim_engine(
                 config,
-                lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab),
+                model=executor.model_shape,
+                cost_model=cost,
                 num_blocks=executor.num_blocks,
-                vocab_size=vocab,
                 max_model_len=executor.max_model_len,
             )
+            sim_run = simulate(workload, sim_engine)
             rows = compare(summarize(real_run.records), summarize(sim_run.records))
             results["runs"].append(
                 {"workload": name, "rate": rate, "options": options, "rows": rows}

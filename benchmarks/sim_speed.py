@@ -18,34 +18,18 @@ from pathlib import Path
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.metrics import summarize
-from heddle.sim import (
-    RooflineCostModel,
-    SimulatedExecutor,
-    kv_cache_blocks,
-    load_hardware_spec,
-    load_model_spec,
-)
-from heddle.sim.simulator import simulate
+from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
 
 
 def run(num_requests: int, rate: float, seed: int, steps: bool) -> tuple[float, float, object]:
-    model, hardware = load_model_spec("llama-3.1-8b"), load_hardware_spec("h100")
-    cost = RooflineCostModel(model, hardware)
     config = EngineConfig(
         cache=CacheConfig(block_size=16),
         scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
     )
-    blocks = kv_cache_blocks(model, hardware, 16, max_num_batched_tokens=8192, max_num_seqs=256)
+    engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=steps)
     workload = get_workload("chat", seed=seed, num_requests=num_requests, rate=rate)
-    result = simulate(
-        workload,
-        config,
-        lambda clock: SimulatedExecutor(cost, clock, vocab_size=model.vocab_size),
-        num_blocks=blocks,
-        vocab_size=model.vocab_size,
-        record_steps=steps,
-    )
+    result = simulate(workload, engine)
     return result.wall_seconds, result.elapsed, summarize(result.records)
 
 

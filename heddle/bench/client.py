@@ -11,7 +11,6 @@ same number of tokens.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import math
 from pathlib import Path
@@ -22,6 +21,7 @@ import httpx
 from heddle.bench.prompts import PROMPT_MODES
 from heddle.bench.report import BenchResult, print_report, write_outputs
 from heddle.bench.runner import LoadOptions, generate_load
+from heddle.cli.flags import parse_key_values, parse_slo
 from heddle.errors import HeddleError
 from heddle.metrics import SLO, summarize
 from heddle.workloads import ARRIVAL_PROCESSES, Workload, get_workload, list_workloads
@@ -198,42 +198,6 @@ def run_bench(
     return result
 
 
-def parse_slo(text: str | None) -> SLO | None:
-    """ "ttft=0.5,tpot=0.05" (seconds; "ms" suffix allowed) -> SLO."""
-    if not text:
-        return None
-    values: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, raw = part.strip().partition("=")
-        key = key.strip().lower()
-        if not sep or key not in ("ttft", "tpot"):
-            raise HeddleError(f"--slo wants ttft=SECONDS,tpot=SECONDS, got {text!r}")
-        raw = raw.strip().lower()
-        scale = 1e-3 if raw.endswith("ms") else 1.0
-        try:
-            values[key] = float(raw.removesuffix("ms").removesuffix("s")) * scale
-        except ValueError:
-            raise HeddleError(f"--slo: {raw!r} is not a number of seconds") from None
-    try:
-        return SLO(**values)
-    except ValueError as e:
-        raise HeddleError(f"--slo: {e}") from None
-
-
-def parse_key_values(items: list[str], option: str = "--workload-option") -> dict[str, Any]:
-    """["input_len=256", "arrival=gamma"] -> {"input_len": 256, "arrival": "gamma"}."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise HeddleError(f"{option} wants KEY=VALUE, got {item!r}")
-        try:
-            out[key.replace("-", "_")] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key.replace("-", "_")] = raw
-    return out
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `heddle bench serve`."""
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root URL")
@@ -294,7 +258,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         arrival=args.arrival,
         cv=args.cv,
         temperature=args.temperature,
-        workload_options=parse_key_values(args.workload_option),
+        workload_options=parse_key_values(args.workload_option, "--workload-option"),
         extensions=not args.no_extensions,
         progress=not args.no_progress,
     )

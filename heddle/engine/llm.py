@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
@@ -14,17 +15,10 @@ from heddle.request import SamplingParams
 PromptInput = str | list[int]
 Message = dict[str, str]
 
-# Keyword arguments of LLM(...) mirror the config fields.
-_MODEL_FIELDS = ("dtype", "device", "max_model_len", "num_threads")
-_CACHE_FIELDS = ("block_size", "num_blocks", "kv_cache_memory_gb", "enable_prefix_caching")
-_SCHEDULER_FIELDS = (
-    "max_num_batched_tokens",
-    "max_num_seqs",
-    "policy",
-    "policy_options",
-    "max_waiting",
-    "long_prefill_token_threshold",
-)
+# Keyword arguments of LLM(...) are the config fields (a field added to a config is one more).
+_MODEL_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.name != "model")
+_CACHE_FIELDS = tuple(f.name for f in fields(CacheConfig))
+_SCHEDULER_FIELDS = tuple(f.name for f in fields(SchedulerConfig))
 
 
 def build_config(model: str | None = None, seed: int = 0, **kwargs: Any) -> EngineConfig:
@@ -34,8 +28,8 @@ def build_config(model: str | None = None, seed: int = 0, **kwargs: Any) -> Engi
     if unknown:
         raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
 
-    def pick(fields: tuple[str, ...]) -> dict[str, Any]:
-        return {k: kwargs[k] for k in fields if k in kwargs and kwargs[k] is not None}
+    def pick(names: tuple[str, ...]) -> dict[str, Any]:
+        return {k: kwargs[k] for k in names if k in kwargs and kwargs[k] is not None}
 
     return EngineConfig(
         model=ModelConfig(model=model, **pick(_MODEL_FIELDS)),

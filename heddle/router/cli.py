@@ -39,24 +39,20 @@ def add_replica_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def router_options(items: list[str]) -> dict[str, object]:
-    from heddle.cli import parse_policy_options
+    from heddle.cli.flags import parse_key_values
 
-    try:
-        return parse_policy_options(items)
-    except HeddleError as e:
-        raise HeddleError(str(e).replace("--policy-option", "--router-option")) from None
+    return parse_key_values(items, "--router-option")
 
 
 def run_cluster_simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from heddle.bench.client import parse_key_values, parse_slo
-    from heddle.cli import parse_policy_options
+    from heddle.cli.flags import config_from_args, parse_key_values, parse_slo
     from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
     from heddle.metrics import print_summary, summarize
     from heddle.router.replay import ReplicaFailure
     from heddle.router.simulate import simulate_cluster
-    from heddle.sim.cli import _cost_model
+    from heddle.sim.simulator import sim_machine
     from heddle.workloads import get_workload
 
     if args.replicas < 1:
@@ -64,7 +60,6 @@ def run_cluster_simulate(args: argparse.Namespace) -> int:
     if args.sweep:
         raise HeddleError("--sweep is not supported with --replicas")
     failures = [ReplicaFailure.parse(spec) for spec in args.fail]
-    model, cost, num_blocks = _cost_model(args)
     workload = get_workload(
         args.workload,
         seed=args.seed,
@@ -72,28 +67,25 @@ def run_cluster_simulate(args: argparse.Namespace) -> int:
         rate=math.inf if args.rate is None else args.rate,
         arrival=args.arrival,
         cv=args.cv,
-        **parse_key_values(args.workload_option),
+        **parse_key_values(args.workload_option, "--workload-option"),
     )
     config = EngineConfig(
-        cache=CacheConfig(
-            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching
-        ),
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            policy=args.policy,
-            policy_options=parse_policy_options(args.policy_option),
-        ),
+        cache=config_from_args(CacheConfig, args),
+        scheduler=config_from_args(SchedulerConfig, args),
+        seed=args.seed,
+    )
+    machine = sim_machine(
+        config, model=args.model, hardware=args.hardware, tp=args.tp, cost_model=args.cost_model
     )
     result = simulate_cluster(
         workload,
         config,
-        cost,
+        machine.cost_model,
         num_replicas=args.replicas,
         router=args.router,
         router_options=router_options(args.router_option),
-        num_blocks=num_blocks,
-        vocab_size=model.vocab_size,
+        num_blocks=machine.num_blocks,
+        vocab_size=machine.shape.vocab_size,
         max_model_len=args.max_model_len,
         failures=failures,
         seed=args.seed,

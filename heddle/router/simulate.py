@@ -5,14 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from heddle.clock import VirtualClock
 from heddle.config import EngineConfig
 from heddle.engine.engine import Engine
 from heddle.router.replay import ClusterResult, ReplicaFailure, replay_cluster
 from heddle.router.router import Router
 from heddle.workloads import Workload
-
-SIM_EOS_TOKEN_ID = 2  # as heddle.sim.simulator
 
 
 def simulate_cluster(
@@ -31,6 +28,7 @@ def simulate_cluster(
 ) -> ClusterResult:
     """Every replica is `Engine(config, SimulatedExecutor(cost_model))` with `num_blocks` blocks."""
     from heddle.sim.executor import SimulatedExecutor
+    from heddle.sim.simulator import sim_engine
 
     if isinstance(router, str):
         router = Router(
@@ -42,17 +40,13 @@ def simulate_cluster(
         )
 
     def make_engine(replica_id: int) -> Engine:
-        clock = VirtualClock()
-        return Engine(
+        return sim_engine(
             config,
-            SimulatedExecutor(cost_model, clock, vocab_size=vocab_size, seed=seed),
+            lambda clock: SimulatedExecutor(cost_model, clock, vocab_size=vocab_size, seed=seed),
             num_blocks=num_blocks,
-            clock=clock,
-            eos_token_id=SIM_EOS_TOKEN_ID,
-            max_model_len=max_model_len,
             vocab_size=vocab_size,
+            max_model_len=max_model_len,
             record_steps=False,
-            final_outputs_only=True,
         )
 
     return replay_cluster(

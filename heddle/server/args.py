@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from heddle.cli import add_engine_arguments, engine_kwargs
-from heddle.config import EngineConfig
-from heddle.engine.llm import build_config
+from heddle.cli.flags import add_engine_arguments, engine_config_from_args
 from heddle.errors import HeddleError
 from heddle.server.app import DEFAULT_HOST, DEFAULT_PORT, run_server
+
+__all__ = ["add_arguments", "engine_config_from_args", "run_from_args"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,10 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="process",
         help="run the engine core in its own process (default) or in a thread of the server",
     )
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return build_config(**engine_kwargs(args))  # type: ignore[arg-type]
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """The simulator: cost models and a SimulatedExecutor that drive the real engine on a virtual clock.
 
-Nothing here imports torch.
+`build_sim_engine(config, model=..., hardware=...)` makes the simulated engine, `simulate(workload,
+engine)` runs a workload through it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,9 +10,16 @@ from heddle.model_shape import ModelShape
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.profiled import ProfiledCostModel, fit_profile
-from heddle.sim.profiling import build_scheduler_output, profile_executor, profile_grid
 from heddle.sim.registry import ConstantCostModel, cost_model_names, make_cost_model
 from heddle.sim.roofline import RooflineCostModel, kv_cache_blocks
+from heddle.sim.simulator import (
+    SimMachine,
+    SimulationResult,
+    build_sim_engine,
+    sim_engine,
+    sim_machine,
+    simulate,
+)
 from heddle.sim.specs import (
     HardwareSpec,
     hardware_ids,
@@ -27,9 +35,11 @@ __all__ = [
     "ModelShape",
     "ProfiledCostModel",
     "RooflineCostModel",
+    "SimMachine",
     "SimulatedExecutor",
+    "SimulationResult",
     "StepShape",
-    "build_scheduler_output",
+    "build_sim_engine",
     "cost_model_names",
     "fit_profile",
     "hardware_ids",
@@ -38,6 +48,7 @@ __all__ = [
     "load_model_spec",
     "make_cost_model",
     "model_ids",
-    "profile_executor",
-    "profile_grid",
+    "sim_engine",
+    "sim_machine",
+    "simulate",
 ]

@@ -1,4 +1,8 @@
-"""`heddle simulate` and `heddle profile`."""
+"""`heddle simulate`: a workload through the real scheduler on a virtual clock.
+
+The engine comes from `build_sim_engine` (heddle/sim/simulator.py), the scheduler and KV cache
+flags from the config dataclasses (heddle/cli/flags.py), with the simulator's GPU-scale defaults.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from heddle.cli.flags import add_config_arguments, config_from_args, parse_key_values, parse_slo
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.errors import HeddleError
+
+# A GPU-sized engine by default (the real engine's defaults suit two CPU cores).
+SIM_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
+SIM_HELP = {
+    "num_blocks": "default: what fits in memory",
+    "max_waiting": "bound on the waiting queue; beyond it requests are rejected",
+}
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +32,13 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--workload", default="chat", help=f"{', '.join(list_workloads())} or a .jsonl/.csv"
     )
-    w.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    w.add_argument(
+        "--workload-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a parameter of the workload generator, e.g. length_scale=0.5 (repeatable)",
+    )
     w.add_argument("--rate", type=float, default=None, help="requests/s (default: all at once)")
     w.add_argument("--arrival", choices=ARRIVAL_PROCESSES, default=None)
     w.add_argument("--cv", type=float, default=None, help="gamma arrivals: burstiness")
@@ -32,14 +50,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--tp", type=int, default=None, help="tensor-parallel degree")
     m.add_argument("--cost-model", default=None, help="a profile JSON from `heddle profile`")
     m.add_argument("--max-model-len", type=int, default=None)
-    s = p.add_argument_group("scheduler")
-    s.add_argument("--policy", default="fcfs")
-    s.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    s.add_argument("--max-num-seqs", type=int, default=256)
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--num-blocks", type=int, default=None, help="default: what fits in memory")
-    s.add_argument("--no-prefix-caching", action="store_false", dest="enable_prefix_caching")
+    s = p.add_argument_group("scheduler and KV cache")
+    add_config_arguments(s, SchedulerConfig, defaults=SIM_DEFAULTS)
+    # The KV pool is sized from the hardware's memory (or --num-blocks), not a memory budget.
+    add_config_arguments(s, CacheConfig, helps=SIM_HELP, exclude={"kv_cache_memory_gb"})
     o = p.add_argument_group("report")
     o.add_argument("--slo", default=None, help="goodput targets, e.g. ttft=0.5,tpot=0.05")
     o.add_argument("--output-dir", default=None, help="write JSON and PNGs here")
@@ -51,83 +65,36 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_replica_arguments(p)
 
 
-def _cost_model(args: argparse.Namespace) -> tuple[Any, Any, int]:
-    from heddle.sim import (
-        ProfiledCostModel,
-        RooflineCostModel,
-        kv_cache_blocks,
-        load_hardware_spec,
-        load_model_spec,
-    )
-
-    model = load_model_spec(args.model)
-    tp = args.tp or model.default_tp
-    if args.cost_model:
-        path = Path(args.cost_model)
-        if not path.is_file():
-            raise HeddleError(f"no cost model file at {path}")
-        cost: Any = ProfiledCostModel.load(path)
-        num_blocks = args.num_blocks
-        if num_blocks is None:
-            raise HeddleError("with --cost-model, give --num-blocks (the real engine's KV pool)")
-    else:
-        hardware = load_hardware_spec(args.hardware)
-        cost = RooflineCostModel(model, hardware, tp=tp)
-        num_blocks = args.num_blocks or kv_cache_blocks(
-            model,
-            hardware,
-            args.block_size,
-            tp=tp,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-        )
-    return model, cost, num_blocks
-
-
 def simulate_once(args: argparse.Namespace, rate: float | None, progress: bool) -> tuple[Any, Any]:
-    from heddle.bench.client import parse_key_values
-    from heddle.cli import parse_policy_options
-    from heddle.sim.executor import SimulatedExecutor
-    from heddle.sim.simulator import simulate
+    from heddle.sim.simulator import build_sim_engine, simulate
     from heddle.workloads import get_workload
 
-    model, cost, num_blocks = _cost_model(args)
-    workload_kwargs: dict[str, Any] = {
-        "seed": args.seed,
-        "num_requests": args.num_requests,
-        "rate": math.inf if rate is None else rate,
-        "arrival": args.arrival,
-        "cv": args.cv,
-    }
     workload = get_workload(
-        args.workload, **workload_kwargs, **parse_key_values(args.workload_option)
+        args.workload,
+        seed=args.seed,
+        num_requests=args.num_requests,
+        rate=math.inf if rate is None else rate,
+        arrival=args.arrival,
+        cv=args.cv,
+        **parse_key_values(args.workload_option, "--workload-option"),
     )
     config = EngineConfig(
-        cache=CacheConfig(
-            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching
-        ),
-        scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            policy=args.policy,
-            policy_options=parse_policy_options(args.policy_option),
-        ),
+        cache=config_from_args(CacheConfig, args),
+        scheduler=config_from_args(SchedulerConfig, args),
+        seed=args.seed,
     )
-    vocab = model.vocab_size
-    result = simulate(
-        workload,
+    engine = build_sim_engine(
         config,
-        lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=args.seed),
-        num_blocks=num_blocks,
-        vocab_size=vocab,
+        model=args.model,
+        hardware=args.hardware,
+        tp=args.tp,
+        cost_model=args.cost_model,
         max_model_len=args.max_model_len,
-        progress=progress,
     )
-    return workload, result
+    return workload, simulate(workload, engine, progress=progress)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from heddle.bench.client import parse_slo
     from heddle.metrics import print_summary, summarize
 
     if getattr(args, "replicas", None) is not None:
@@ -228,63 +195,3 @@ def _run_sweep(args: argparse.Namespace, slo: Any) -> int:
         )
         print(f"wrote {path}")
     return 0
-
-
-# -- profile ----------------------------------------------------------------------------------
-def add_profile_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--output", default="profile.json", help="where to write the fitted model")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--max-context", type=int, default=2048)
-
-
-def run_profile(args: argparse.Namespace) -> int:
-    import platform
-
-    from heddle.model.executor import ModelExecutor
-    from heddle.sim import fit_profile, profile_executor, profile_grid
-
-    config_model, config_cache = _profile_configs(args)
-    executor = ModelExecutor(config_model, config_cache)
-    shapes = profile_grid(
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        max_context=args.max_context,
-        max_kv_tokens=executor.num_blocks * executor.block_size,
-    )
-    print(
-        f"profiling {len(shapes)} step shapes x {args.repeats} "
-        f"on {executor.model_name} ({executor.dtype})"
-    )
-    samples = profile_executor(
-        executor.execute,
-        shapes,
-        executor.block_size,
-        repeats=args.repeats,
-        num_blocks=executor.num_blocks,
-        vocab_size=executor.model_shape.vocab_size,
-    )
-    fitted = fit_profile(
-        samples,
-        model=executor.model_name,
-        dtype=str(executor.dtype),
-        machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
-        extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size},
-    )
-    fitted.save(args.output)
-    fit = fitted.metadata.fit
-    if fit is not None:
-        print(
-            f"fit over {fit.num_samples} samples: "
-            f"median |error| {100 * fit.median_abs_relative_error:.1f}%, "
-            f"max {100 * fit.max_abs_relative_error:.1f}%"
-        )
-    print(f"wrote {args.output}")
-    return 0
-
-
-def _profile_configs(args: argparse.Namespace) -> tuple[Any, Any]:
-    from heddle.cli import engine_kwargs
-    from heddle.engine.llm import build_config
-
-    config = build_config(**engine_kwargs(args))  # type: ignore[arg-type]
-    return config.model, config.cache

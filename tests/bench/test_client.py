@@ -8,9 +8,10 @@ import itertools
 import pytest
 
 from heddle.bench import add_arguments, parse_slo, run_bench, run_from_args
-from heddle.bench.client import api_root, parse_key_values
+from heddle.bench.client import api_root
 from heddle.bench.prompts import prompt_for, text_prompt
 from heddle.bench.stream import spread_times
+from heddle.cli.flags import parse_key_values
 from heddle.errors import HeddleError
 from heddle.metrics import SLO
 from heddle.workloads import Workload, WorkloadRequest

@@ -275,7 +275,7 @@ def build_workload(data: dict[str, Any]) -> Any:
 
 
 def run_replay(spec: dict[str, Any], workload_data: dict[str, Any]) -> dict[str, Any]:
-    from heddle.sim.simulator import simulate
+    from heddle.sim.simulator import sim_engine, simulate
 
     workload = build_workload(workload_data)
     config = EngineConfig(
@@ -293,7 +293,8 @@ def run_replay(spec: dict[str, Any], workload_data: dict[str, Any]) -> dict[str,
         )
         return holder["executor"]
 
-    result = simulate(workload, config, factory, num_blocks=spec["num_blocks"], vocab_size=VOCAB)
+    engine = sim_engine(config, factory, num_blocks=spec["num_blocks"], vocab_size=VOCAB)
+    result = simulate(workload, engine)
     records = sorted(result.records, key=lambda r: r.request_id)
     return {"steps": holder["executor"].steps, "records": [record_fields(r) for r in records]}
 

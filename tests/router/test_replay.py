@@ -11,7 +11,7 @@ from heddle.router import Router
 from heddle.router.replay import ReplicaFailure
 from heddle.router.simulate import simulate_cluster
 from heddle.sim import ConstantCostModel, RooflineCostModel, SimulatedExecutor
-from heddle.sim.simulator import simulate
+from heddle.sim.simulator import sim_engine, simulate
 from heddle.workloads import get_workload
 
 VOCAB = 32000
@@ -50,13 +50,13 @@ def timings(records):
 def test_one_replica_is_the_single_engine_simulator(name: str) -> None:
     workload = get_workload(name, num_requests=60, rate=20.0, seed=1)
     cost = roofline()
-    single = simulate(
-        workload,
+    engine = sim_engine(
         CONFIG,
         lambda clock: SimulatedExecutor(cost, clock, vocab_size=VOCAB),
         num_blocks=4000,
         vocab_size=VOCAB,
     )
+    single = simulate(workload, engine)
     multi = cluster(workload, 1)
     assert timings(multi.records) == timings(single.records)
     assert multi.num_steps == single.num_steps

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from heddle.cli import parse_policy_options
+from heddle.cli.flags import parse_key_values
 from heddle.errors import HeddleError
 from heddle.server.args import add_arguments, engine_config_from_args
 
@@ -37,6 +37,6 @@ def test_options_reach_the_engine_config():
 
 
 def test_policy_options_parse_literals_or_keep_strings():
-    assert parse_policy_options(["a=1", "b=x", "c=[1, 2]"]) == {"a": 1, "b": "x", "c": [1, 2]}
-    with pytest.raises(HeddleError):
-        parse_policy_options(["novalue"])
+    assert parse_key_values(["a=1", "b=x", "c=[1, 2]"]) == {"a": 1, "b": "x", "c": [1, 2]}
+    with pytest.raises(HeddleError, match="--policy-option wants KEY=VALUE"):
+        parse_key_values(["novalue"], "--policy-option")

@@ -11,7 +11,7 @@ from heddle.sim.cost_model import StepShape
 from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.registry import ConstantCostModel
 from heddle.sim.roofline import RooflineCostModel
-from heddle.sim.simulator import simulate
+from heddle.sim.simulator import sim_engine, simulate
 from heddle.workloads import Workload, WorkloadRequest
 from tests.sim.factories import sampled, scheduled, step
 
@@ -104,13 +104,13 @@ def test_the_real_engine_finishes_each_request_at_its_true_length():
         cache=CacheConfig(block_size=16),
         scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4),
     )
-    result = simulate(
-        workload,
+    engine = sim_engine(
         config,
         lambda clock: SimulatedExecutor(model, clock, vocab_size=1000),
         num_blocks=64,
         vocab_size=1000,
     )
+    result = simulate(workload, engine)
     records = {r.request_id: r for r in result.records}
     assert len(records) == 6
     for i in range(6):

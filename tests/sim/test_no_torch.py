@@ -1,4 +1,5 @@
-"""The simulator's cost models and executor run without torch."""
+"""The simulator (cost models, executor, `heddle simulate`), the model shape, the profiler and
+the shared CLI flags run without torch."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ MODULES = [
     "heddle.sim.executor",
     "heddle.sim.profiled",
     "heddle.sim.profiles_check",
-    "heddle.sim.profiling",
     "heddle.sim.registry",
     "heddle.sim.roofline",
     "heddle.sim.specs",
+    "heddle.sim.simulator",
+    "heddle.sim.cli",
+    "heddle.model_shape",
+    "heddle.model.spec",
+    "heddle.model.profiling",
+    "heddle.cli.flags",
 ]
 
 

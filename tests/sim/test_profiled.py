@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heddle.errors import HeddleError
+from heddle.model.profiling import profile_grid
 from heddle.sim.cost_model import StepShape
 from heddle.sim.profiled import FEATURES, ProfiledCostModel, features, fit_profile, nnls
-from heddle.sim.profiling import profile_grid
 
 TRUE = {
     "constant": 4e-3,

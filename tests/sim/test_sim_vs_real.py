@@ -12,7 +12,7 @@ from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.executor import SimulatedExecutor
-from heddle.sim.simulator import SIM_EOS_TOKEN_ID, simulate
+from heddle.sim.simulator import SIM_EOS_TOKEN_ID, sim_engine, simulate
 from heddle.workloads import Workload, WorkloadRequest, get_workload
 
 VOCAB = 1000
@@ -75,14 +75,14 @@ def run_wall_clock(workload: Workload, cost: CostModel) -> list[list[str]]:
 
 def test_simulated_and_wall_clock_runs_make_the_same_decisions():
     workload, cost = small_workload(), LinearCost()
-    simulated = simulate(
-        workload,
+    engine = sim_engine(
         config(),
         lambda clock: SimulatedExecutor(cost, clock, vocab_size=VOCAB),
         num_blocks=64,
         vocab_size=VOCAB,
         record_step_requests=True,
     )
+    simulated = simulate(workload, engine)
     sim_batches = [s.request_ids for s in simulated.step_stats]
     assert len(sim_batches) > 10
     boundaries = [s.start_time for s in simulated.step_stats]
@@ -108,13 +108,13 @@ def test_iteration_level_batching_beats_request_level_by_a_wide_margin():
             cache=CacheConfig(block_size=16),
             scheduler=SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=16, policy=policy),
         )
-        run = simulate(
-            workload,
+        engine = sim_engine(
             cfg,
             lambda clock: SimulatedExecutor(LinearCost(), clock, vocab_size=VOCAB),
             num_blocks=2048,
             vocab_size=VOCAB,
         )
+        run = simulate(workload, engine)
         results[policy] = summarize(run.records)
     fcfs, static = results["fcfs"].overall, results["static"].overall
     assert fcfs.num_completed == static.num_completed == 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
-from heddle.sim.simulator import simulate
+from heddle.sim.simulator import sim_engine, simulate
 from heddle.workloads import Workload, WorkloadRequest, get_workload
 from tests.factories import CountingExecutor
 
@@ -21,14 +21,14 @@ def workload(requests: list[WorkloadRequest]) -> Workload:
 
 
 def run(wl: Workload, num_blocks: int = 256, **scheduler: object):
-    return simulate(
-        wl,
+    engine = sim_engine(
         config(**scheduler),
         lambda clock: CountingExecutor(clock, step_time=STEP),
         num_blocks=num_blocks,
         vocab_size=1000,
         record_step_requests=True,
     )
+    return simulate(wl, engine)
 
 
 def test_idle_engine_jumps_to_next_arrival():
@@ -87,3 +87,38 @@ def test_agent_calls_arrive_after_tool_latency_and_reuse_context():
         if request.call_index > 0:
             previous = records[request.request_id.rsplit(".", 1)[0] + f".{request.call_index - 1}"]
             assert records[request.request_id].arrival_time > previous.finish_time
+
+
+def test_build_sim_engine_sizes_the_kv_pool_from_the_hardware_or_the_config():
+    from heddle.sim.roofline import kv_cache_blocks
+    from heddle.sim.simulator import build_sim_engine
+
+    cfg = EngineConfig(scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256))
+    engine = build_sim_engine(cfg, model="llama-3.1-8b", hardware="h100")
+    expected = kv_cache_blocks("llama-3.1-8b", "h100", 16)
+    assert engine.kv_cache.num_blocks == expected
+    assert engine.vocab_size == 128256
+    # fp32 weights and KV: twice the bytes per block, and less room left after the weights.
+    fp32 = build_sim_engine(cfg, model="llama-3.1-8b", hardware="h100", dtype="float32")
+    assert fp32.kv_cache.num_blocks < expected // 2
+    pinned = EngineConfig(cache=CacheConfig(num_blocks=100))
+    assert build_sim_engine(pinned).kv_cache.num_blocks == 100
+    assert build_sim_engine(cfg, num_blocks=7).kv_cache.num_blocks == 7
+
+
+def test_build_sim_engine_takes_any_cost_model_and_needs_a_pool_for_a_measured_one(tmp_path):
+    from heddle.errors import HeddleError
+    from heddle.sim.registry import ConstantCostModel
+    from heddle.sim.simulator import build_sim_engine
+
+    with pytest.raises(HeddleError, match="give num_blocks"):
+        build_sim_engine(config(), cost_model=ConstantCostModel(STEP))
+    with pytest.raises(HeddleError, match="no cost model file"):
+        build_sim_engine(config(), cost_model=tmp_path / "missing.json", num_blocks=8)
+    engine = build_sim_engine(
+        config(), model="smollm2-135m", cost_model=ConstantCostModel(STEP), num_blocks=64
+    )
+    wl = workload([WorkloadRequest("a", 1.0, prompt_len=4, output_len=3)])
+    (record,) = simulate(wl, engine).records
+    assert record.e2e == pytest.approx(3 * STEP)
+    assert engine.vocab_size == 49152  # the model's vocabulary

@@ -1,4 +1,4 @@
-"""The real-engine side of the policy experiments (not a script; see benchmarks/policies.py).
+"""The real-engine side of the policy study.
 
 Every policy but `oracle` on the real CPU engine (the embedded SmolLM2-135M, one ModelExecutor
 shared by all runs) on the simulator's four workloads scaled down to fit two cores: outputs of
@@ -20,17 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from policies_setup import (
-    POLICIES,
-    SIM_ONLY,
-    ClassSpec,
-    WorkloadSpec,
-    policy_options,
-    run_metrics,
-    saturation_throughput,
-)
+from heddle.cli.flags import parse_key_values
 
-from heddle.cli import parse_policy_options
+from .metrics import run_metrics, saturation_throughput
+from .report import write_real_report
+from .spec import POLICIES, SIM_ONLY, ClassSpec, WorkloadSpec, policy_options
 
 # CPU-scale SLOs: a decode step of ~32 sequences takes tens of milliseconds on two cores.
 CPU_INTERACTIVE = ClassSpec(ttft=2.0, tpot=0.25)
@@ -110,7 +104,8 @@ def add_real_arguments(p: argparse.ArgumentParser) -> None:
         "--plots",
         type=Path,
         default=None,
-        help="default: docs/policies/real (with --predict: results/policies_real_predicted)",
+        help="default: results/policies/real (with --predict: results/policies_real_predicted); "
+        "the figures in docs/ are written by `--plots docs/policies/real`",
     )
     p.add_argument(
         "--predict",
@@ -144,48 +139,53 @@ class RealBench:
             policy, dot, key_value = item.partition(".")
             if not (policy and dot):
                 raise SystemExit(f"--policy-option wants POLICY.KEY=VALUE, got {item!r}")
-            self.overrides.setdefault(policy, {}).update(parse_policy_options([key_value]))
+            self.overrides.setdefault(policy, {}).update(
+                parse_key_values([key_value], "--policy-option")
+            )
         if args.predict:
             self._simulated()
         else:
             from heddle.model.executor import ModelExecutor
 
             ex = ModelExecutor(self.model_config, self.cache_config)
-            self.executor, self.num_blocks, self.vocab = ex, ex.num_blocks, ex.model_shape.vocab_size
+            self.executor, self.num_blocks = ex, ex.num_blocks
+            self.vocab = ex.model_shape.vocab_size
             self.eos_token_id, self.max_model_len = ex.eos_token_id, ex.max_model_len
             self.describe = f"{ex.model_name} ({ex.dtype})"
 
     def _simulated(self) -> None:
         from heddle.sim import ProfiledCostModel, RooflineCostModel, load_model_spec
-        from heddle.sim.simulator import SIM_EOS_TOKEN_ID
 
-        model = load_model_spec("smollm2-135m")
+        # What the real engine would run: the embedded model in fp32, its KV pool from the
+        # same memory budget.
+        self.shape = replace(load_model_spec("smollm2-135m"), dtype="float32")
         if self.args.cost_model:
             self.cost = ProfiledCostModel.load(self.args.cost_model)
         else:  # a lower bound: small CPU matmuls reach far less than the roofline's peaks
-            self.cost = RooflineCostModel(model, "cpu-2core", dtype="float32")
-        block_bytes = (
-            self.cache_config.block_size * replace(model, dtype="float32").kv_bytes_per_token()
-        )
-        self.num_blocks = int(self.cache_config.kv_cache_memory_gb * (1 << 30) // block_bytes)
-        self.vocab, self.eos_token_id, self.max_model_len = model.vocab_size, SIM_EOS_TOKEN_ID, 8192
+            self.cost = RooflineCostModel(self.shape, "cpu-2core")
+        gb, block_size = self.cache_config.kv_cache_memory_gb, self.cache_config.block_size
+        self.num_blocks = self.shape.kv_blocks_in(gb * (1 << 30), block_size)
+        self.vocab = self.shape.vocab_size
         self.describe = f"predicted by {self.cost.describe()}"
 
     def _engine(self, config: Any) -> Any:
-        from heddle.clock import VirtualClock, WallClock
+        from heddle.clock import WallClock
         from heddle.engine.engine import Engine
-        from heddle.sim import SimulatedExecutor
+        from heddle.sim.simulator import build_sim_engine
 
         if self.cost is not None:
-            clock: Any = VirtualClock()
-            executor: Any = SimulatedExecutor(self.cost, clock, vocab_size=self.vocab)
-        else:
-            clock, executor = WallClock(), self.executor
+            return build_sim_engine(
+                config,
+                model=self.shape,
+                cost_model=self.cost,
+                num_blocks=self.num_blocks,
+                max_model_len=8192,
+            )
         return Engine(
             config,
-            executor,
+            self.executor,
             num_blocks=self.num_blocks,
-            clock=clock,
+            clock=WallClock(),
             eos_token_id=self.eos_token_id,
             max_model_len=self.max_model_len,
             vocab_size=self.vocab,
@@ -240,8 +240,6 @@ class RealBench:
 def run_real(args: argparse.Namespace) -> None:
     import platform
 
-    from policies_report import write_real_report
-
     keys = [k for k in args.workloads.split(",") if k]
     policies = [p for p in args.policies.split(",") if p and p not in SIM_ONLY]
     loads = [float(x) for x in args.loads.split(",") if x]
@@ -289,6 +287,6 @@ def run_real(args: argparse.Namespace) -> None:
         output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {output}: {data['engine_seconds']:.0f} s of engine time")
     plots = args.plots or Path(
-        "results/policies_real_predicted" if args.predict else "docs/policies/real"
+        "results/policies_real_predicted" if args.predict else "results/policies/real"
     )
     write_real_report(data, output.with_suffix(".md"), plots)

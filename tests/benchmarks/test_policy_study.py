@@ -1,30 +1,20 @@
-"""Smoke test of benchmarks/policies.py: the experiment's code path on a handful of requests."""
+"""Smoke test of benchmarks/policy_study: the experiment's code path on a handful of requests."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
-import sys
-from pathlib import Path
 
-import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def benchmarks_on_path():
-    sys.path.insert(0, str(BENCHMARKS))
-    yield
-    sys.path.remove(str(BENCHMARKS))
+from benchmarks.policy_study.real import REAL_WORKLOADS, add_real_arguments, run_real
+from benchmarks.policy_study.report import write_report
+from benchmarks.policy_study.sim import Point, SimSetup, run_points
+from benchmarks.policy_study.spec import POLICIES, SIM_ONLY, SIM_WORKLOADS, policy_options
+from benchmarks.policy_study.targets import check_targets
+from heddle.core.policies import make_policy
 
 
 def test_sim_mode_runs_every_policy_and_writes_the_report(tmp_path):
-    from policies_report import write_report
-    from policies_setup import POLICIES
-    from policies_sim import Point, SimSetup, run_points
-    from policies_targets import check_targets
-
     setup, quiet, n = SimSetup(), lambda _: None, 8
     probes = [Point("long-prompt", p, 0.0, math.inf, 0, n) for p in ("fcfs", "static")]
     capacity = run_points(probes, setup, jobs=1, probe=True, log=quiet)
@@ -61,11 +51,6 @@ def test_sim_mode_runs_every_policy_and_writes_the_report(tmp_path):
 
 
 def test_every_workload_spec_builds_and_every_policy_accepts_its_options():
-    from policies_real import REAL_WORKLOADS
-    from policies_setup import POLICIES, SIM_ONLY, SIM_WORKLOADS, policy_options
-
-    from heddle.core.policies import make_policy
-
     for specs, policies in ((SIM_WORKLOADS, POLICIES), (REAL_WORKLOADS, POLICIES)):
         for spec in specs.values():
             workload = spec.make(seed=0, rate=1.0, num_requests=40)
@@ -87,10 +72,6 @@ def test_every_workload_spec_builds_and_every_policy_accepts_its_options():
 
 def test_real_mode_plan_runs_and_writes_report_and_plots(tmp_path):
     """The real mode's code path with --predict (a cost model stands in for the CPU model)."""
-    import argparse
-
-    from policies_real import add_real_arguments, run_real
-
     parser = argparse.ArgumentParser()
     add_real_arguments(parser)
     output = tmp_path / "real.json"

@@ -1,19 +1,4 @@
-"""Every scheduling policy on four workloads: which work to batch together, which to isolate.
-
-`sim`: in the simulator at GPU scale (Llama-3.1-8B on one H100, roofline). First each
-workload's fcfs saturation throughput is measured (and static's, for the Orca comparison);
-then every policy runs at loads given as fractions of it; then the points the targets of
-issue 5 depend on are rerun with more seeds. Raw results: results/policies_sim.json; tables:
-results/policies_sim.md; plots: docs/policies/*.png.
-
-    .venv/bin/python benchmarks/policies.py sim --jobs 2          # the whole study, ~20 min
-    .venv/bin/python benchmarks/policies.py report                # tables + plots from the JSON
-
-`real`: the same policies on the real CPU engine (embedded SmolLM2-135M) at two loads, the
-workloads scaled down, arrivals replayed in real time. Run it on a quiet machine:
-
-    .venv/bin/python benchmarks/policies.py real                  # ~1 hour on 2 cores
-"""
+"""`python -m benchmarks.policy_study sim | report | real`: the command line of the study."""
 
 from __future__ import annotations
 
@@ -26,10 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from policies_setup import POLICIES, SIM_WORKLOADS, TARGET_LOADS
+from .real import add_real_arguments, run_real
+from .report import write_report
+from .sim import Point, SimSetup, cache_key, run_points
+from .spec import POLICIES, SIM_WORKLOADS, TARGET_LOADS
+from .targets import best_short_ttft
 
 RESULTS = Path("results")
-PLOTS = Path("docs/policies")
+# Plots go under results/ unless asked for elsewhere: the figures in docs/ are written only by
+# `--plots docs/policies` (docs/POLICIES.md gives the commands).
+PLOTS = RESULTS / "policies"
 ORCA_WORKLOADS = ("chat", "reasoning")  # mixed output lengths
 ORCA_LOADS = (0.5, 0.9)  # fractions of static's saturation throughput
 ORCA_REQUESTS = 300
@@ -58,8 +49,6 @@ def _names(text: str, known: Any) -> list[str]:
 
 
 def run_sim(args: argparse.Namespace) -> dict[str, Any]:
-    from policies_sim import Point, SimSetup, run_points
-
     setup = SimSetup()
     workloads = _names(args.workloads, SIM_WORKLOADS)
     policies = [p for p in _names(args.policies, POLICIES) if p != "static"]
@@ -69,8 +58,6 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     cache: dict[str, Any] = {}
     if args.resume and args.output.exists():
         old = json.loads(args.output.read_text())
-        from policies_sim import cache_key
-
         for r in old["capacity"] + old["points"]:
             cache[cache_key(r["point"], r["options"])] = r
     started = time.perf_counter()
@@ -144,9 +131,6 @@ def target_points(
 ) -> list[Any]:
     """Points to rerun with `seeds`: fcfs, slo and the best short-TTFT policy at the target
     loads on every workload, and sjf/oracle on chat at every load above 0.8."""
-    from policies_sim import Point
-    from policies_targets import best_short_ttft
-
     wanted: set[tuple[str, str, float]] = set()
     loads = sorted({p["point"]["load"] for p in points})
     for key in {p["point"]["workload"] for p in points}:
@@ -188,19 +172,15 @@ def main() -> None:
     sim.add_argument("--resume", action="store_true", help="reuse points already in --output")
     sim.add_argument("--jobs", type=int, default=2, help="worker processes")
     sim.add_argument("--output", type=Path, default=RESULTS / "policies_sim.json")
-    sim.add_argument("--plots", type=Path, default=PLOTS)
+    sim.add_argument("--plots", type=Path, default=PLOTS, help=f"default: {PLOTS}")
     report = sub.add_parser("report", help="tables and plots from a sim JSON")
     report.add_argument("--output", type=Path, default=RESULTS / "policies_sim.json")
-    report.add_argument("--plots", type=Path, default=PLOTS)
+    report.add_argument("--plots", type=Path, default=PLOTS, help=f"default: {PLOTS}")
     real = sub.add_parser("real", help="the study on the real CPU engine")
-    from policies_real import add_real_arguments
-
     add_real_arguments(real)
     args = parser.parse_args()
 
     if args.mode == "real":
-        from policies_real import run_real
-
         run_real(args)
         return
     if args.mode == "sim":
@@ -210,8 +190,6 @@ def main() -> None:
         print(f"wrote {args.output} ({data['wall_seconds']:.0f} s)")
     else:
         data = json.loads(args.output.read_text())
-    from policies_report import write_report
-
     write_report(data, args.plots, args.output.with_suffix(".md"))
 
 

@@ -1,4 +1,4 @@
-"""The simulator side of the policy experiments (not a script; see benchmarks/policies.py).
+"""The simulator side of the policy study.
 
 Each point is one seeded run of the real Engine, Scheduler and policy on a virtual clock with a
 roofline cost model; points are independent, so they run in worker processes.
@@ -15,16 +15,13 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
-from policies_setup import (
-    SIM_WORKLOADS,
-    policy_options,
-    run_metrics,
-    saturation_throughput,
-)
-
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
-from heddle.sim import RooflineCostModel, SimulatedExecutor, kv_cache_blocks, load_model_spec
-from heddle.sim.simulator import simulate
+from heddle.sim.roofline import kv_cache_blocks
+from heddle.sim.simulator import build_sim_engine, simulate
+from heddle.sim.specs import load_model_spec
+
+from .metrics import run_metrics, saturation_throughput
+from .spec import SIM_WORKLOADS, policy_options
 
 
 @dataclass(frozen=True)
@@ -37,11 +34,28 @@ class SimSetup:
     max_num_seqs: int = 256
     block_size: int = 16
 
+    def num_blocks(self) -> int:
+        """The KV pool: what fits on the device with this setup's seats (the same pool for a
+        variant with more seats)."""
+        return _num_blocks(self)
+
     def describe(self) -> str:
         return (
             f"simulated {self.hardware.upper()}, {self.model} roofline; token budget "
             f"{self.max_num_batched_tokens}, {self.max_num_seqs} seats, block {self.block_size}"
         )
+
+
+@cache
+def _num_blocks(setup: SimSetup) -> int:
+    return kv_cache_blocks(
+        setup.model,
+        setup.hardware,
+        setup.block_size,
+        tp=load_model_spec(setup.model).default_tp,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
+        max_num_seqs=setup.max_num_seqs,
+    )
 
 
 @dataclass(frozen=True)
@@ -59,27 +73,11 @@ class Point:
     max_num_seqs: int | None = None  # None: the setup's
 
 
-@cache
-def _machine(setup: SimSetup) -> tuple[Any, int, int]:
-    model = load_model_spec(setup.model)
-    cost = RooflineCostModel(model, setup.hardware, tp=model.default_tp)
-    num_blocks = kv_cache_blocks(
-        model,
-        setup.hardware,
-        setup.block_size,
-        tp=model.default_tp,
-        max_num_batched_tokens=setup.max_num_batched_tokens,
-        max_num_seqs=setup.max_num_seqs,
-    )
-    return cost, num_blocks, model.vocab_size
-
-
 def simulate_point(point: Point, setup: SimSetup, probe: bool = False) -> dict[str, Any]:
     """Run one point. A probe (an overloading rate) reports the policy's saturation
     throughput; any other point reports `run_metrics`."""
     spec = SIM_WORKLOADS[point.workload]
     workload = spec.make(point.seed, point.rate, point.num_requests)
-    cost, num_blocks, vocab = _machine(setup)
     options = {**policy_options(point.policy, spec), **dict(point.options)}
     config = EngineConfig(
         cache=CacheConfig(block_size=setup.block_size),
@@ -89,14 +87,12 @@ def simulate_point(point: Point, setup: SimSetup, probe: bool = False) -> dict[s
             policy=point.policy,
             policy_options=options,
         ),
+        seed=point.seed,
     )
-    result = simulate(
-        workload,
-        config,
-        lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=point.seed),
-        num_blocks=num_blocks,
-        vocab_size=vocab,
+    engine = build_sim_engine(
+        config, model=setup.model, hardware=setup.hardware, num_blocks=setup.num_blocks()
     )
+    result = simulate(workload, engine)
     out: dict[str, Any] = {
         "point": asdict(point),
         "options": options,

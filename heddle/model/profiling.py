@@ -2,8 +2,9 @@
 
 `profile_grid()` chooses the shapes; `profile_executor()` turns each into a synthetic
 `SchedulerOutput` (made-up token ids, blocks from a bump allocator), runs it through an
-injected `execute_fn` and times it. Nothing here imports torch: the caller (`heddle profile`)
-passes `ModelExecutor.execute`.
+injected `execute_fn` and times it; `heddle.sim.profiled.fit_profile` turns the samples into a
+cost model. It lives beside the model it measures, but imports no torch: the caller (`heddle
+profile`, heddle/cli/profile.py) passes `ModelExecutor.execute`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Markdown tables and plots of the policy study, from its JSON (not a script)."""
+"""Markdown tables and plots of the policy study, from its JSON."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from policies_setup import POLICIES, TARGET_LOADS
-from policies_targets import Metrics, check_targets, get, short_p99_ttft
+
+from .spec import POLICIES, TARGET_LOADS
+from .targets import Metrics, check_targets, get, short_p99_ttft
 
 Points = Sequence[dict[str, Any]]
 

@@ -1,4 +1,4 @@
-"""The targets of issue 5, checked on the policy study's results (not a script)."""
+"""The targets of issue 5, checked on the policy study's results."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from policies_setup import POLICIES, SIM_ONLY, TARGET_LOADS
+from .spec import POLICIES, SIM_ONLY, TARGET_LOADS
 
 Metrics = dict[str, Any]
 THROUGHPUT_TOLERANCE = 0.10  # target 1: total throughput within 10% of fcfs

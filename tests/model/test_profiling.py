@@ -9,8 +9,8 @@ import pytest
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.errors import HeddleError
+from heddle.model.profiling import build_scheduler_output, profile_executor, profile_grid
 from heddle.sim.cost_model import StepShape
-from heddle.sim.profiling import build_scheduler_output, profile_executor, profile_grid
 
 
 def test_grid_respects_the_limits_and_covers_each_kind():

@@ -1,0 +1,1 @@
+"""Scripts that produce the figures in docs/ (run from the repository root)."""
