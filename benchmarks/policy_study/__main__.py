@@ -101,7 +101,7 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     checks += [
         Point(k, policy, load, load * fcfs_rate[k], 0, n_of(k), tuple(options.items()), tag, seats)
         for policy, options, seats, tag in VARIANTS
-        if policy in policies
+        if policy in policies and not args.no_variants
         for k in workloads
         for load in loads
         if load in TARGET_LOADS
@@ -141,10 +141,12 @@ def target_points(
                 wanted.add((key, best, load))
         if key == "chat":
             wanted |= {(key, p, x) for p in ("fcfs", "sjf", "oracle") for x in loads if x > 0.8}
+    ran = {p["point"]["policy"] for p in points}  # a study of some policies reruns only those
     return [
         Point(k, p, load, load * fcfs_rate[k], s, n_of(k))
         for s in seeds
         for k, p, load in sorted(wanted)
+        if p in ran
     ]
 
 
@@ -169,6 +171,9 @@ def main() -> None:
         help="default: per workload; probes then queue all requests at once",
     )
     sim.add_argument("--no-orca", action="store_true", help="skip the static (Orca) runs")
+    sim.add_argument(
+        "--no-variants", action="store_true", help="skip the runs with other options or seats"
+    )
     sim.add_argument("--resume", action="store_true", help="reuse points already in --output")
     sim.add_argument("--jobs", type=int, default=2, help="worker processes")
     sim.add_argument("--output", type=Path, default=RESULTS / "policies_sim.json")

@@ -26,6 +26,7 @@ def compact(c: ClassSummary) -> dict[str, Any]:
         "output_throughput": c.output_throughput,
         "total_token_throughput": c.total_token_throughput,
         "goodput": c.goodput,
+        "num_within_slo": c.num_within_slo,
         "slo_attainment": c.slo_attainment,
         "ttft": _latency(c.ttft, ("mean", "p50", "p99")),
         "tpot": _latency(c.tpot, ("mean", "p50", "p99")),
@@ -43,7 +44,8 @@ def run_metrics(
     policy: Any = None,
 ) -> dict[str, Any]:
     """Everything reported about one run: overall, per class, the short classes together,
-    fairness between users, step utilization, and (sjf) the predictor's accuracy."""
+    fairness between users, step utilization, and (sjf) the predictor's accuracy. Throughputs
+    and `goodput` divide by the run's span (`duration`: first arrival to last finish)."""
     summary = summarize(records)
     short = [r for r in records if r.request_class in short_classes]
     short_summary = summarize(short, duration=summary.duration) if short else None
@@ -53,8 +55,12 @@ def run_metrics(
     fair = fairness(records, window=FAIRNESS_WINDOW)
     queued = [replace(r, finish_time=r.first_scheduled_time or r.finish_time) for r in records]
     fair_queued = fairness(queued, window=FAIRNESS_WINDOW)
+    arrivals = [r.arrival_time for r in records]
     out: dict[str, Any] = {
         "duration": summary.duration,
+        # First to last arrival: the same for every policy at one load and seed (see
+        # targets.common_window_goodput), unlike `duration`, the run's own span.
+        "offered_window": max(arrivals) - min(arrivals) if arrivals else 0.0,
         "overall": compact(summary.overall),
         "classes": {name: compact(c) for name, c in summary.classes.items()},
         "short": compact(short_summary.overall) if short_summary else None,

@@ -35,7 +35,7 @@ def _gap(m: Metrics) -> str:
 
 SWEEP_COLUMNS: tuple[tuple[str, Callable[[Metrics], str]], ...] = (
     ("short-class p99 TTFT (s)", lambda m: _s(short_p99_ttft(m))),
-    ("goodput (req/s within SLO)", lambda m: _s(m["overall"]["goodput"])),
+    ("goodput (req/s within SLO, over the run's span)", lambda m: _s(m["overall"]["goodput"])),
     (
         "throughput (prompt + output tok/s)",
         lambda m: f"{m['overall']['total_token_throughput']:.0f}",

@@ -13,6 +13,7 @@ THROUGHPUT_TOLERANCE = 0.10  # target 1: total throughput within 10% of fcfs
 # Target 4: Orca reports 36.9x the throughput of request-level batching at the same latency;
 # "its order of magnitude" is read as a ratio in the same decade, at least 10x.
 ORCA_DECADE = 10.0
+GOODPUT_TARGET = "slo/fcfs goodput over the common window (bound: 1 / fcfs in-SLO share)"
 
 
 def get(
@@ -94,15 +95,39 @@ def ratios(
     return out
 
 
-def goodput_ceiling(points: Sequence[dict[str, Any]], workload: str, load: float) -> list[float]:
-    """1 / fcfs's share of requests within SLO, per seed: the most any policy can multiply
-    fcfs's goodput by on the same requests."""
+def within_slo(m: Metrics) -> float | None:
+    """Requests of a run that finished within their SLO (older results kept only the share)."""
+    o = m["overall"]
+    if o.get("num_within_slo") is not None:
+        return float(o["num_within_slo"])
+    share = o["slo_attainment"]
+    return None if share is None else share * o["num_completed"]
+
+
+def common_window_goodput(m: Metrics) -> float | None:
+    """Requests within SLO per second of a window every policy shares at a (load, seed): the
+    offered window (first to last arrival). Runs at one load and seed replay the same requests,
+    so a ratio of these is a ratio of requests within SLO, and no policy can exceed fcfs's by
+    more than `goodput_bound`. (Goodput over each run's own span, the `goodput` of the
+    tables, is not bounded so: a policy that drains its last requests sooner divides by less.)
+    Older results without the window give the count itself, which has the same ratios."""
+    within = within_slo(m)
+    if within is None:
+        return None
+    window = m.get("offered_window")
+    return within / window if window else within
+
+
+def goodput_bound(points: Sequence[dict[str, Any]], workload: str, load: float) -> list[float]:
+    """Per seed, 1 / fcfs's share of the offered requests within SLO: an upper bound on
+    (any policy's common-window goodput) / (fcfs's), since no policy serves more requests
+    within SLO than were offered."""
     out = []
     for seed in seeds_of(points, workload, "fcfs", load, ""):
         m = get(points, workload, "fcfs", load, seed, "")
-        share = m["overall"]["slo_attainment"] if m else None
-        if share:
-            out.append(1 / share)
+        within = within_slo(m) if m else None
+        if m and within:
+            out.append(m["overall"]["num_requests"] / within)
     return out
 
 
@@ -154,9 +179,9 @@ def check_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     # 2. Goodput under the per-class TTFT/TPOT SLOs at high load: slo >= 1.5x fcfs.
     for key in sorted(keys):
         for load in high:
-            good = ratios(points, key, "slo", "fcfs", load, lambda m: m["overall"]["goodput"])
+            good = ratios(points, key, "slo", "fcfs", load, common_window_goodput)
             # No policy can beat fcfs by more than 1 / (fcfs's share of requests in SLO).
-            ceiling = goodput_ceiling(points, key, load)
+            bound = goodput_bound(points, key, load)
             if good:
                 rows.append(
                     _row(
@@ -164,8 +189,8 @@ def check_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
                         key,
                         load,
                         "slo",
-                        "slo/fcfs goodput (ceiling: 1 / fcfs in-SLO share)",
-                        f"{fmt_range(good)}x (ceiling {fmt_range(ceiling)}x)",
+                        GOODPUT_TARGET,
+                        f"{fmt_range(good)}x (bound {fmt_range(bound)}x)",
                         min(good) >= 1.5,
                     )
                 )

@@ -88,3 +88,27 @@ def test_real_mode_plan_runs_and_writes_report_and_plots(tmp_path):
     assert all(p["metrics"]["overall"]["num_completed"] == 6 for p in data["points"])
     assert "### Targets" in output.with_suffix(".md").read_text()
     assert (tmp_path / "plots" / "policies_latency.png").stat().st_size > 0
+
+
+def _metrics(num_requests: int, within: int, duration: float) -> dict:
+    overall = {"num_requests": num_requests, "num_completed": num_requests,
+               "num_within_slo": within, "slo_attainment": within / num_requests,
+               "goodput": within / duration}  # fmt: skip
+    return {"overall": overall, "offered_window": 8.0, "duration": duration}
+
+
+def test_the_goodput_bound_bounds_what_target_2_measures():
+    """slo drains its requests sooner than fcfs: by each run's own span its goodput is 5x
+    fcfs's, more than 1 / fcfs's in-SLO share (2x) allows; over the common window it is 2x."""
+    from benchmarks.policy_study.targets import common_window_goodput
+
+    def point(policy: str, metrics: dict) -> dict:
+        q = {"workload": "chat", "policy": policy, "load": 1.5, "seed": 0, "tag": ""}
+        return {"point": q, "metrics": metrics}
+
+    fcfs, slo = _metrics(10, within=5, duration=10.0), _metrics(10, within=10, duration=4.0)
+    assert slo["overall"]["goodput"] / fcfs["overall"]["goodput"] == 5.0
+    assert common_window_goodput(slo) / common_window_goodput(fcfs) == 2.0
+    rows = check_targets({"capacity": [], "points": [point("fcfs", fcfs), point("slo", slo)]})
+    (row,) = [r for r in rows if r["target"] == 2]
+    assert row["value"] == "2.00x (bound 2.00x)" and row["met"]
