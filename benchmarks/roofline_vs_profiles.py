@@ -2,6 +2,9 @@
 
     python benchmarks/roofline_vs_profiles.py [--max-tp 1] [--calibrate] [--png FILE]
 
+The figure goes to results/roofline_vs_profiles.png unless --png names another file (the one in
+docs/: `--png docs/figures/roofline_vs_profiles.png`).
+
 Reads shared/gpu-profiles (beside the repository, or $HEDDLE_SHARED), predicts the fused QKV,
 output, gate+up and down projections of Llama-2-7B/70B and Llama-3-8B from the shipped h100
 and a100 specs, and prints the median absolute relative error per token-count bucket and
@@ -82,6 +85,7 @@ def plot(results: dict[str, list[Comparison]], path: Path) -> None:
         )
     axes[0][0].legend(fontsize=6)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     print(f"\nwrote {path}")
 
@@ -90,7 +94,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tp", type=int, default=1, help="include rows up to this tp")
     parser.add_argument("--calibrate", action="store_true", help="fit the efficiency factors")
-    parser.add_argument("--png", type=Path, default=Path("roofline_vs_profiles.png"))
+    parser.add_argument("--png", type=Path, default=Path("results/roofline_vs_profiles.png"))
     args = parser.parse_args()
     directory = profiles_dir()
     if directory is None:
