@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from heddle.errors import HeddleError
 from heddle.sim.cost_model import StepShape
 from heddle.sim.roofline import RooflineCostModel, kv_cache_blocks
-from heddle.sim.specs import load_hardware_spec, load_model_spec
+from heddle.sim.specs import HardwareSpec, load_hardware_spec, load_model_spec
 
 H100 = load_hardware_spec("h100")
 LLAMA_8B = load_model_spec("llama-3.1-8b")
@@ -65,11 +65,18 @@ def test_tensor_parallel_splits_work_and_adds_all_reduce():
         RooflineCostModel(model, H100, tp=3)
 
 
-def test_dtype_override_changes_the_peak():
-    cpu_fp32 = RooflineCostModel("smollm2-135m", "cpu-2core", dtype="float32")
-    cpu_bf16 = RooflineCostModel("smollm2-135m", "cpu-2core")
-    shape = StepShape(((256, 256),), (), num_sampled=1)
-    assert cpu_fp32.step_time(shape) < cpu_bf16.step_time(shape)
+def test_dtype_override_changes_the_peak_and_the_bytes():
+    # A machine whose fp32 peak is 10x its bf16 one (an old CPU without native bf16).
+    hw = HardwareSpec(
+        name="no-bf16", peak_flops={"float32": 1e12, "bfloat16": 1e11}, memory_bandwidth=1e10,
+        memory_bytes=1e10,
+    )  # fmt: skip
+    fp32 = RooflineCostModel("smollm2-135m", hw, dtype="float32")
+    bf16 = RooflineCostModel("smollm2-135m", hw)
+    prefill = StepShape(((256, 256),), (), num_sampled=1)  # compute-bound: the peak decides
+    assert fp32.step_time(prefill) < bf16.step_time(prefill)
+    decode = StepShape((), (128,))  # memory-bound: bf16 reads half the bytes
+    assert bf16.step_time(decode) < fp32.step_time(decode)
     with pytest.raises(HeddleError, match="unknown dtype"):
         RooflineCostModel("smollm2-135m", "cpu-2core", dtype="int4")
 
