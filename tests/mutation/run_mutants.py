@@ -86,10 +86,10 @@ MUTANTS = (
     ),
     Mutant(
         "profiling-sampling-row-stops-short",
-        "heddle/sim/profiling.py",
+        "heddle/model/profiling.py",
         "add(i, num_new, context, context if sample else context + 1, sample)",
         "add(i, num_new, context, context + 1, sample)",
-        ("tests/sim/test_profiling.py",),
+        ("tests/model/test_profiling.py",),
     ),
     Mutant(
         "live-tests-skip-on-any-error",
