@@ -29,8 +29,10 @@ from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
 from heddle.model.profiling import profile_executor, profile_grid
+from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.profiled import fit_profile
 from heddle.sim.simulator import build_sim_engine, simulate
+from heddle.sim.step_error import step_errors
 from heddle.workloads import get_workload
 
 # (workload, generator options) scaled so a 2-core CPU serves them in tens of seconds.
@@ -68,6 +70,28 @@ def _row(measured: float, predicted: float) -> dict[str, float]:
     return {"measured": measured, "predicted": predicted, "rel_error": error}
 
 
+class _Lookup:
+    """A 'cost model' that answers the times measured for exactly these shapes."""
+
+    def __init__(self, samples: list[tuple[Any, float]]) -> None:
+        self.times = dict(samples)
+
+    def step_time(self, shape: Any) -> float:
+        return self.times[shape]
+
+
+def retime(executor: Any, steps: list[tuple[Any, float]], count: int, vocab: int) -> None:
+    """Time `count` of the real steps' shapes again, in isolation as the profiler does: how
+    far the isolated time is from the real step's says what the profiler's setting misses."""
+    chosen = steps[:: max(1, len(steps) // count)][:count]
+    timed = profile_executor(
+        executor.execute, [s for s, _ in chosen], executor.block_size, repeats=3,
+        num_blocks=executor.num_blocks, vocab_size=vocab,
+    )
+    print("re-timed in isolation vs the real steps:")
+    print("\n".join(step_errors(_Lookup(timed), chosen).lines()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=60)
@@ -78,6 +102,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default="results/sim_fidelity.json")
+    parser.add_argument(
+        "--retime", type=int, default=0,
+        help="re-time this many of each run's real step shapes in isolation (diagnosis)",
+    )
     args = parser.parse_args()
 
     config = engine_config(args)
@@ -116,14 +144,16 @@ def main() -> None:
         "profile": cost.coefficients,
         "runs": [],
     }
+    all_steps: list[tuple[Any, float]] = []
     for name, options in WORKLOADS.items():
         for rate in (float(r) for r in args.rates.split(",")):
             workload = get_workload(
                 name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
             )
+            recorder = StepRecorder(executor)
             engine = Engine(
                 config,
-                executor,
+                recorder,
                 num_blocks=executor.num_blocks,
                 clock=WallClock(),
                 eos_token_id=executor.eos_token_id,
@@ -140,9 +170,23 @@ def main() -> None:
             )
             sim_run = simulate(workload, sim_engine)
             rows = compare(summarize(real_run.records), summarize(sim_run.records))
+            per_step = step_errors(cost, recorder.steps)
             results["runs"].append(
-                {"workload": name, "rate": rate, "options": options, "rows": rows}
+                {
+                    "workload": name,
+                    "rate": rate,
+                    "options": options,
+                    "rows": rows,
+                    "step_error": {
+                        b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
+                        for b in [per_step.overall, *per_step.buckets]
+                    },
+                }
             )
+            all_steps.extend(recorder.steps)
+            print("\n".join(per_step.lines()))
+            if args.retime:
+                retime(executor, recorder.steps, args.retime, vocab)
             print(
                 f"\n{name} @ {rate} req/s ({len(real_run.records)} requests, real {real_run.elapsed:.1f} s)"
             )
@@ -153,6 +197,9 @@ def main() -> None:
                 )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
+    steps_path = Path(args.output).with_suffix(".steps.json")
+    save_steps(steps_path, all_steps, {"dtype": str(executor.dtype), "model": executor.model_name})
+    print(f"wrote {steps_path} ({len(all_steps)} real steps)")
     print(f"\nwrote {args.output}")
 
 

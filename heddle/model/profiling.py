@@ -9,6 +9,7 @@ profile`, heddle/cli/profile.py) passes `ModelExecutor.execute`.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -72,6 +73,59 @@ def profile_grid(
                 shapes.append(StepShape(((chunk, prefill_context),), (context,) * batch))
     if max_kv_tokens is not None:
         shapes = [s for s in shapes if _kv_tokens(s) <= max_kv_tokens]
+    return shapes
+
+
+def profile_shapes(
+    max_num_batched_tokens: int = 512,
+    max_num_seqs: int = 64,
+    max_context: int = 4096,
+    max_kv_tokens: int | None = None,
+    *,
+    num_shapes: int = 96,
+    seed: int = 0,
+) -> list[StepShape]:
+    """Random step shapes like the ones a continuous-batching scheduler runs.
+
+    Unlike the grid's corners (one prefill chunk, decode batches of one context length), a
+    real step mixes decodes of different context lengths with zero to three prefill chunks of
+    any size up to the token budget, after cached prefixes or not, some ending their prompt.
+    Thirds: decode-only, mixed, and mixed filling the token budget. Batch sizes and lengths
+    are log-uniform, so small steps (most of a light load) are sampled as often as big ones.
+    """
+    if min(max_num_batched_tokens, max_num_seqs, max_context) < 2:
+        raise HeddleError("profile limits must be at least 2")
+    rng = random.Random(seed)
+    budget = max_num_batched_tokens
+
+    def log_uniform(low: int, high: int) -> int:
+        return min(high, int(low * (high / low) ** rng.random()))
+
+    shapes: list[StepShape] = []
+    attempts = 0
+    while len(shapes) < num_shapes and attempts < 20 * num_shapes:
+        attempts += 1
+        kind = len(shapes) % 3
+        seats = min(max_num_seqs, budget)
+        batch = log_uniform(1, seats) if kind == 0 else rng.randint(0, log_uniform(1, seats)) // 2
+        decode = tuple(log_uniform(2, max_context) for _ in range(batch))
+        room = budget - batch
+        chunks: list[tuple[int, int]] = []
+        if kind and room >= 2:
+            target = room if kind == 2 else log_uniform(2, room)
+            for _ in range(rng.randint(1, 3)):
+                left = target - sum(n for n, _ in chunks)
+                if left < 2:
+                    break
+                n = min(max_context, left if rng.random() < 0.5 else log_uniform(2, left))
+                prefix = 0 if rng.random() < 0.5 else log_uniform(1, max(1, max_context - n))
+                chunks.append((n, min(max_context, n + prefix)))
+        if not chunks and not decode:
+            continue
+        sampled = sum(1 for _ in chunks if rng.random() < 0.5) + len(decode)
+        shape = StepShape(tuple(chunks), decode, num_sampled=sampled)
+        if max_kv_tokens is None or _kv_tokens(shape) <= max_kv_tokens:
+            shapes.append(shape)
     return shapes
 
 

@@ -132,9 +132,19 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     if result.rejected:
         print(f"rejected, e.g. {result.rejected[0][0]}: {result.rejected[0][1]}")
+    _warn_outside_profile(result)
     if args.output_dir:
         _write_outputs(args, workload, result, summary)
     return 0
+
+
+def _warn_outside_profile(result: Any) -> None:
+    """A profiled cost model counts the steps it predicted outside what it measured."""
+    engine = getattr(result, "engine", None)
+    cost_model = getattr(getattr(engine, "executor", None), "cost_model", None)
+    warning = getattr(cost_model, "coverage_warning", lambda: None)()
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def _write_outputs(args: argparse.Namespace, workload: Any, result: Any, summary: Any) -> None:

@@ -1,16 +1,26 @@
 """A cost model fit to measured step times of the real executor.
 
     step_time = c0 + c1 * prefill_tokens + c2 * decode_tokens + c3 * decode_context_tokens
-                   + c4 * prefill_attention_pairs + c5 * sampled_rows
+                   + c4 * prefill_attention_pairs + c5 * sampled_rows + c6 * prefill_chunks
+                   + sum_k c_k * max(0, tokens - k)          for the knots k of TOKEN_KNOTS
 
 fit by non-negative least squares on relative error (every coefficient >= 0, so predicted
-time never falls when a step grows). Saved as JSON with what was measured, where, and how
-well the fit matches its own samples.
+time never falls when a step grows). The hinge terms make the time a convex piecewise-linear
+function of the step's tokens: flat while the weights' memory traffic dominates, steeper once
+the matmuls are compute-bound, as a CPU or GPU step is (a straight line through both regimes
+over-predicts the small steps of a light load). `prefill_chunks` is the fixed cost of each
+multi-token request (its own attention call, mask and gather in every layer).
+
+The fit reports its error on held-out samples by kind of step (heddle.sim.step_error), and
+the model knows the range of shapes it was measured on (`Coverage`): it counts the steps it
+is asked about outside that range, which `heddle simulate` reports as a warning.
+Saved as JSON with what was measured, where, and how well it predicts.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +30,10 @@ import numpy as np
 
 from heddle.errors import HeddleError
 from heddle.sim.cost_model import CostModel, StepShape
+from heddle.sim.nnls import nnls
+from heddle.sim.step_error import step_errors
 
+TOKEN_KNOTS = (32, 128)
 FEATURES = (
     "constant",
     "prefill_tokens",
@@ -28,12 +41,26 @@ FEATURES = (
     "decode_context_tokens",
     "prefill_attention_pairs",
     "sampled_rows",
+    "prefill_chunks",
+    *(f"tokens_over_{k}" for k in TOKEN_KNOTS),
 )
 FORMAT = "heddle-step-profile/1"
+
+__all__ = [
+    "FEATURES",
+    "Coverage",
+    "FitReport",
+    "ProfileMetadata",
+    "ProfiledCostModel",
+    "features",
+    "fit_profile",
+    "nnls",
+]
 
 
 def features(shape: StepShape) -> tuple[float, ...]:
     """The regressors of one step, in `FEATURES` order."""
+    tokens = shape.num_tokens
     return (
         1.0,
         float(shape.num_prefill_tokens),
@@ -41,17 +68,79 @@ def features(shape: StepShape) -> tuple[float, ...]:
         float(shape.decode_context_tokens),
         float(shape.prefill_attention_pairs),
         float(shape.num_sampled_rows),
+        float(len(shape.prefill_chunks)),
+        *(float(max(0, tokens - k)) for k in TOKEN_KNOTS),
     )
 
 
 @dataclass(frozen=True, slots=True)
+class Coverage:
+    """The range of step shapes a profile was measured on."""
+
+    max_tokens: int
+    max_decode_tokens: int
+    max_prefill_chunks: int
+    max_context: int  # longest prefill chunk context, or mean decode context
+
+    @classmethod
+    def of(cls, shapes: Sequence[StepShape]) -> Coverage:
+        return cls(
+            max(s.num_tokens for s in shapes),
+            max(s.num_decode_tokens for s in shapes),
+            max(len(s.prefill_chunks) for s in shapes),
+            max(_longest_context(s) for s in shapes),
+        )
+
+    def miss(self, shape: StepShape) -> str | None:
+        """Why `shape` lies outside (the first reason), or None when it is covered."""
+        if shape.num_tokens > self.max_tokens:
+            return f"{shape.num_tokens} tokens > {self.max_tokens}"
+        if shape.num_decode_tokens > self.max_decode_tokens:
+            return f"{shape.num_decode_tokens} decodes > {self.max_decode_tokens}"
+        if len(shape.prefill_chunks) > self.max_prefill_chunks:
+            return f"{len(shape.prefill_chunks)} prefill chunks > {self.max_prefill_chunks}"
+        if _longest_context(shape) > self.max_context:
+            return f"context {_longest_context(shape)} > {self.max_context}"
+        return None
+
+
+def _longest_context(shape: StepShape) -> int:
+    decode = shape.decode_context_tokens // shape.num_decode_tokens if shape.num_decode_tokens else 0
+    return max([decode, *(c for _, c in shape.prefill_chunks)])
+
+
+@dataclass(frozen=True, slots=True)
 class FitReport:
-    """How well the fit reproduces the samples it was fit to (relative errors)."""
+    """How well the fit predicts: on the samples it was fit to, and (`held_out`: bucket ->
+    [steps, median |error|, p90 |error|, median signed error]) on samples it never saw."""
 
     num_samples: int
     median_abs_relative_error: float
     max_abs_relative_error: float
     rms_seconds: float
+    num_held_out: int = 0
+    held_out_median_abs: float | None = None
+    held_out_p90_abs: float | None = None
+    held_out: dict[str, list[float]] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"fit over {self.num_samples} samples: median |error| "
+            f"{100 * self.median_abs_relative_error:.1f}%, max "
+            f"{100 * self.max_abs_relative_error:.1f}%"
+        ]
+        if self.num_held_out and self.held_out_median_abs is not None:
+            assert self.held_out_p90_abs is not None
+            out.append(
+                f"held out {self.num_held_out} samples: median |error| "
+                f"{100 * self.held_out_median_abs:.1f}%, p90 {100 * self.held_out_p90_abs:.1f}%"
+            )
+            for name, (n, median, p90, signed) in self.held_out.items():
+                out.append(
+                    f"  {name:24s} {int(n):4d} steps  |error| p50 {100 * median:5.1f}% "
+                    f"p90 {100 * p90:5.1f}%  signed {100 * signed:+5.1f}%"
+                )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +150,7 @@ class ProfileMetadata:
     machine: str | None = None
     fit: FitReport | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    coverage: Coverage | None = None
 
 
 class ProfiledCostModel(CostModel):
@@ -73,11 +163,34 @@ class ProfiledCostModel(CostModel):
         self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in FEATURES}
         self.metadata = metadata or ProfileMetadata()
         self._weights = tuple(self.coefficients[name] for name in FEATURES)
+        self._coverage = self.metadata.coverage
+        self.num_steps = 0  # steps predicted
+        self.num_outside = 0  # of them, outside the profile's coverage
+        self.first_outside: str | None = None
 
     def step_time(self, shape: StepShape) -> float:
         if shape.is_empty:
             return 0.0
+        if self._coverage is not None:
+            self.num_steps += 1
+            miss = self._coverage.miss(shape)
+            if miss is not None:
+                self.num_outside += 1
+                if self.first_outside is None:
+                    self.first_outside = miss
         return sum(w * x for w, x in zip(self._weights, features(shape), strict=True))
+
+    def coverage_warning(self) -> str | None:
+        """One line when some predicted steps lay outside what the profile measured."""
+        if not self.num_outside:
+            return None
+        return (
+            f"warning: {self.num_outside} of {self.num_steps} steps "
+            f"({100 * self.num_outside / self.num_steps:.1f}%) fell outside the shapes the "
+            f"profile measured (first: {self.first_outside}); their times are extrapolated: "
+            "profile with the same --max-num-batched-tokens, --max-num-seqs and a larger "
+            "--max-context"
+        )
 
     def describe(self) -> str:
         m = self.metadata
@@ -97,40 +210,33 @@ class ProfiledCostModel(CostModel):
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise HeddleError(f"cannot read step profile {path}: {e}") from e
-        if data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise HeddleError(f"{path} is not a heddle step profile (format {FORMAT!r})")
-        meta = dict(data.get("metadata") or {})
-        fit = meta.pop("fit", None)
-        metadata = ProfileMetadata(**meta, fit=FitReport(**fit) if fit else None)
+        try:
+            meta = dict(data.get("metadata") or {})
+            fit = meta.pop("fit", None)
+            coverage = meta.pop("coverage", None)
+            metadata = ProfileMetadata(
+                **meta,
+                fit=FitReport(**fit) if fit else None,
+                coverage=Coverage(**coverage) if coverage else None,
+            )
+        except TypeError as e:
+            raise HeddleError(f"{path}: malformed profile metadata: {e}") from e
         return cls(data["coefficients"], metadata)
 
 
-def nnls(a: np.ndarray, b: np.ndarray, max_iter: int | None = None) -> np.ndarray:
-    """min ||a x - b|| subject to x >= 0 (Lawson-Hanson active set). a: [m, n], b: [m]."""
-    m, n = a.shape
-    x = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    tol = 10 * np.finfo(float).eps * np.linalg.norm(a, 1) * max(m, n)
-    for _ in range(max_iter or 10 * n):
-        gradient = a.T @ (b - a @ x)
-        if passive.all() or gradient[~passive].max() <= tol:
-            break
-        passive[int(np.argmax(np.where(passive, -np.inf, gradient)))] = True
-        for _ in range(n + 1):
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if z[passive].min() > 0:
-                x = z
-                break
-            # Step from x toward z until the first passive coefficient reaches zero.
-            blocking = passive & (z <= 0)
-            alpha = np.min(x[blocking] / (x[blocking] - z[blocking]))
-            x = x + alpha * (z - x)
-            passive &= x > tol
-            x[~passive] = 0.0
-            if not passive.any():
-                break
-    return x
+def _solve(samples: Sequence[tuple[StepShape, float]]) -> np.ndarray:
+    """Coefficients minimising the relative error over `samples` (non-negative)."""
+    times = np.array([t for _, t in samples], dtype=float)
+    x = np.array([features(s) for s, _ in samples], dtype=float)  # [samples, features]
+    weighted = x / times[:, None]
+    # Columns scaled to unit norm so that token counts and attention pairs (orders of
+    # magnitude apart) are conditioned alike; a feature never seen fits to zero.
+    scale = np.linalg.norm(weighted, axis=0)
+    scale[scale == 0] = 1.0
+    result: np.ndarray = nnls(weighted / scale, np.ones(len(times))) / scale
+    return result
 
 
 def fit_profile(
@@ -140,32 +246,56 @@ def fit_profile(
     dtype: str | None = None,
     machine: str | None = None,
     extra: dict[str, Any] | None = None,
+    held_out: float = 0.0,
+    seed: int = 0,
 ) -> ProfiledCostModel:
     """Fit the coefficients to (shape, measured seconds) samples.
 
     Each row is divided by its measured time, so the fit minimises relative error: small
-    decode steps count as much as large prefills. Columns are scaled to unit norm before the
-    solve so that token counts and attention pairs (which differ by orders of magnitude)
-    are conditioned alike.
+    decode steps count as much as large prefills. With `held_out` (a share, e.g. 0.25), that
+    random share of the samples is first left out of a fit and predicted by it: the report's
+    held-out errors, overall and per kind of step, are what to expect on shapes the profile
+    never measured. The saved coefficients are then fit to every sample.
     """
     samples = [(s, t) for s, t in samples if not s.is_empty]
     if len(samples) < len(FEATURES):
         raise HeddleError(f"need at least {len(FEATURES)} non-empty samples, got {len(samples)}")
-    times = np.array([t for _, t in samples], dtype=float)
-    if (times <= 0).any():
+    if any(t <= 0 for _, t in samples):
         raise HeddleError("measured step times must be positive")
-    x = np.array([features(s) for s, _ in samples], dtype=float)  # [samples, features]
-    weighted = x / times[:, None]
-    scale = np.linalg.norm(weighted, axis=0)
-    scale[scale == 0] = 1.0  # a feature never seen (e.g. no prefill samples) fits to zero
-    coefficients = nnls(weighted / scale, np.ones(len(times))) / scale
-    predicted = x @ coefficients
+    if not 0.0 <= held_out < 1.0:
+        raise HeddleError(f"held_out must be a share in [0, 1), got {held_out}")
+    held: dict[str, list[float]] = {}
+    held_median = held_p90 = None
+    num_held = int(held_out * len(samples))
+    if num_held and len(samples) - num_held >= len(FEATURES):
+        order = list(range(len(samples)))
+        random.Random(seed).shuffle(order)
+        test = [samples[i] for i in order[:num_held]]
+        train = [samples[i] for i in order[num_held:]]
+        partial = ProfiledCostModel(dict(zip(FEATURES, _solve(train).tolist(), strict=True)))
+        report = step_errors(partial, test)
+        held = {
+            b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
+            for b in report.buckets
+        }
+        held_median, held_p90 = report.overall.median_abs, report.overall.p90_abs
+    else:
+        num_held = 0
+    coefficients = _solve(samples)
+    times = np.array([t for _, t in samples], dtype=float)
+    predicted = np.array([features(s) for s, _ in samples], dtype=float) @ coefficients
     relative = np.abs(predicted - times) / times
-    report = FitReport(
+    fit = FitReport(
         num_samples=len(times),
         median_abs_relative_error=float(np.median(relative)),
         max_abs_relative_error=float(relative.max()),
         rms_seconds=float(np.sqrt(np.mean((predicted - times) ** 2))),
+        num_held_out=num_held,
+        held_out_median_abs=held_median,
+        held_out_p90_abs=held_p90,
+        held_out=held,
     )
-    metadata = ProfileMetadata(model, dtype, machine, report, dict(extra or {}))
+    metadata = ProfileMetadata(
+        model, dtype, machine, fit, dict(extra or {}), Coverage.of([s for s, _ in samples])
+    )
     return ProfiledCostModel(dict(zip(FEATURES, coefficients.tolist(), strict=True)), metadata)

@@ -11,6 +11,8 @@ MODULES = [
     "heddle.sim.cost_model",
     "heddle.sim.executor",
     "heddle.sim.profiled",
+    "heddle.sim.step_error",
+    "heddle.sim.nnls",
     "heddle.sim.profiles_check",
     "heddle.sim.registry",
     "heddle.sim.roofline",
@@ -20,6 +22,8 @@ MODULES = [
     "heddle.model_shape",
     "heddle.model.spec",
     "heddle.model.profiling",
+    "heddle.model.step_log",
+    "heddle.cli.profile",
     "heddle.cli.flags",
 ]
 

@@ -1,0 +1,90 @@
+"""Record the shape and duration of every step a real executor runs, and save/load such logs.
+
+`StepRecorder` wraps any executor (`execute(SchedulerOutput) -> ExecutorOutput`) and keeps
+(StepShape, seconds) for each non-empty step, seconds as the executor measured them
+(`ExecutorOutput.step_duration`). Saved as JSON, a log is what `heddle profile --from-run`
+fits a cost model to, and what `benchmarks/sim_fidelity.py` compares the cost model against:
+the steps the engine really ran, not a grid's guess at them. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput
+from heddle.errors import HeddleError
+from heddle.sim.cost_model import StepShape
+
+FORMAT = "heddle-step-log/1"
+StepSample = tuple[StepShape, float]
+
+
+class StepRecorder:
+    """An executor that forwards to `executor` and logs every non-empty step it runs."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+        self.steps: list[StepSample] = []
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        output = self.executor.execute(scheduler_output)
+        shape = StepShape.from_scheduler_output(scheduler_output)
+        if not shape.is_empty:
+            self.steps.append((shape, output.step_duration))
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (block_size, num_blocks, model_shape, ...) is the wrapped executor's.
+        return getattr(self.executor, name)
+
+
+def shape_to_json(shape: StepShape) -> dict[str, Any]:
+    """What a cost model reads of a step: its prefill chunks, and of its decodes only the
+    count and the summed context."""
+    return {
+        "prefill": [list(chunk) for chunk in shape.prefill_chunks],
+        "decode": shape.num_decode_tokens,
+        "decode_context": shape.decode_context_tokens,
+        "sampled": shape.num_sampled_rows,
+    }
+
+
+def shape_from_json(data: dict[str, Any]) -> StepShape:
+    num_decode, total = int(data.get("decode", 0)), int(data.get("decode_context", 0))
+    if num_decode and total < num_decode:
+        raise ValueError(f"{num_decode} decodes cannot read {total} K/V entries")
+    # The summed context spread evenly over the decodes: the same count and sum.
+    base, extra = divmod(total, num_decode) if num_decode else (0, 0)
+    contexts = (base + 1,) * extra + (base,) * (num_decode - extra)
+    return StepShape(
+        tuple((int(n), int(c)) for n, c in data.get("prefill", ())),
+        contexts,
+        int(data["sampled"]) if "sampled" in data else None,
+    )
+
+
+def save_steps(
+    path: str | Path, steps: Iterable[StepSample], metadata: dict[str, Any] | None = None
+) -> None:
+    rows = [{**shape_to_json(shape), "seconds": seconds} for shape, seconds in steps]
+    data = {"format": FORMAT, "metadata": dict(metadata or {}), "steps": rows}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data) + "\n")
+
+
+def load_steps(path: str | Path) -> tuple[list[StepSample], dict[str, Any]]:
+    """(steps, metadata) of a log written by `save_steps`; a clear error for anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise HeddleError(f"cannot read step log {path}: {e}") from e
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise HeddleError(f"{path} is not a heddle step log (format {FORMAT!r})")
+    try:
+        steps = [(shape_from_json(row), float(row["seconds"])) for row in data["steps"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise HeddleError(f"{path}: malformed step row: {e}") from e
+    return steps, dict(data.get("metadata") or {})
