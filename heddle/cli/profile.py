@@ -77,40 +77,30 @@ def _fit_and_save(args: argparse.Namespace, samples: list[Any], **metadata: Any)
 
 
 def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
-    from heddle.model.profiling import profile_executor, profile_grid, profile_shapes
+    from heddle.model.profiling import profile_model
 
     scheduler = config.scheduler
-    limits = dict(
+    print(
+        f"profiling the grid's corners and {args.num_mixed} mixed steps x {args.repeats} "
+        f"on {executor.model_name} ({executor.dtype})"
+    )
+    fitted = profile_model(
+        executor,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         max_num_seqs=scheduler.max_num_seqs,
         max_context=min(args.max_context, executor.max_model_len),
-        max_kv_tokens=executor.num_blocks * executor.block_size,
-    )
-    shapes = profile_grid(**limits)
-    if args.num_mixed:
-        shapes += profile_shapes(**limits, num_shapes=args.num_mixed, seed=args.seed)
-    print(
-        f"profiling {len(shapes)} step shapes x {args.repeats} "
-        f"on {executor.model_name} ({executor.dtype})"
-    )
-    samples = profile_executor(
-        executor.execute,
-        shapes,
-        executor.block_size,
+        num_mixed=args.num_mixed,
         repeats=args.repeats,
         warmup=args.warmup,
-        num_blocks=executor.num_blocks,
-        vocab_size=executor.model_shape.vocab_size,
-    )
-    return _fit_and_save(
-        args,
-        samples,
-        model=executor.model_name,
-        dtype=str(executor.dtype),
+        held_out=args.held_out,
+        seed=args.seed,
         machine=_machine(),
-        extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size,
-               "source": "shapes", **limits},
     )
+    fitted.save(args.output)
+    if fitted.metadata.fit is not None:
+        print("\n".join(fitted.metadata.fit.lines()))
+    print(f"wrote {args.output}")
+    return 0
 
 
 def _fit_from_run(args: argparse.Namespace) -> int:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from heddle.clock import Clock, WallClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, OutputBuilder, SchedulerOutput
 from heddle.errors import HeddleError
 from heddle.request import SamplingParams
 from heddle.sim.cost_model import StepShape
+from heddle.sim.profiled import ProfiledCostModel, fit_profile
 
 ExecuteFn = Callable[[SchedulerOutput], ExecutorOutput]
 
@@ -230,3 +232,50 @@ def profile_executor(
             step_id += 1
         results.append((shape, statistics.median(times)))
     return results
+
+
+def profile_model(
+    executor: Any,
+    *,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    max_context: int,
+    num_mixed: int = 96,
+    repeats: int = 3,
+    warmup: int = 1,
+    held_out: float = 0.25,
+    seed: int = 0,
+    machine: str | None = None,
+) -> ProfiledCostModel:
+    """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
+    `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
+    `num_mixed` steps like a running engine's, and fit a cost model checked on a held-out
+    share of them (its report: `.metadata.fit.lines()`)."""
+    limits = dict(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_context=max_context,
+        max_kv_tokens=executor.num_blocks * executor.block_size,
+    )
+    shapes = profile_grid(**limits)
+    if num_mixed:
+        shapes += profile_shapes(**limits, num_shapes=num_mixed, seed=seed)
+    samples = profile_executor(
+        executor.execute,
+        shapes,
+        executor.block_size,
+        repeats=repeats,
+        warmup=warmup,
+        num_blocks=executor.num_blocks,
+        vocab_size=executor.model_shape.vocab_size,
+    )
+    return fit_profile(
+        samples,
+        model=executor.model_name,
+        dtype=str(executor.dtype),
+        machine=machine,
+        extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size,
+               "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup, **limits},
+        held_out=held_out,
+        seed=seed,
+    )

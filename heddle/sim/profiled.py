@@ -105,7 +105,8 @@ class Coverage:
 
 
 def _longest_context(shape: StepShape) -> int:
-    decode = shape.decode_context_tokens // shape.num_decode_tokens if shape.num_decode_tokens else 0
+    num_decode = shape.num_decode_tokens
+    decode = shape.decode_context_tokens // num_decode if num_decode else 0
     return max([decode, *(c for _, c in shape.prefill_chunks)])
 
 

@@ -58,7 +58,8 @@ class StepErrorReport:
     def lines(self) -> list[str]:
         rows = [self.overall, *self.buckets]
         width = max(len(r.name) for r in rows)
-        out = [f"{'steps':{width}s} {'n':>6s} {'|err| p50':>9s} {'p90':>6s} {'signed':>7s} {'time':>5s}"]
+        header = f"{'n':>6s} {'|err| p50':>9s} {'p90':>6s} {'signed':>7s} {'time':>5s}"
+        out = [f"{'steps':{width}s} {header}"]
         for r in rows:
             out.append(
                 f"{r.name:{width}s} {r.num_steps:6d} {100 * r.median_abs:8.1f}% "

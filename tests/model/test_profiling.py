@@ -9,7 +9,12 @@ import pytest
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.errors import HeddleError
-from heddle.model.profiling import build_scheduler_output, profile_executor, profile_grid
+from heddle.model.profiling import (
+    build_scheduler_output,
+    profile_executor,
+    profile_grid,
+    profile_shapes,
+)
 from heddle.sim.cost_model import StepShape
 
 
@@ -79,3 +84,23 @@ def test_profile_executor_times_each_shape_and_releases_requests():
     for before, after in itertools.pairwise(seen):
         assert after.finished_request_ids == before.request_ids
         assert not set(after.request_ids) & set(before.request_ids)
+
+
+def test_mixed_shapes_look_like_a_running_engines_steps():
+    shapes = profile_shapes(256, 32, 1024, max_kv_tokens=8000, num_shapes=90, seed=3)
+    assert len(shapes) == 90 and shapes == profile_shapes(
+        256, 32, 1024, 8000, num_shapes=90, seed=3
+    )
+    assert all(s.num_tokens <= 256 and s.num_decode_tokens <= 32 for s in shapes)
+    assert all(
+        sum(c for _, c in s.prefill_chunks) + s.decode_context_tokens <= 8000 for s in shapes
+    )
+    mixed = [s for s in shapes if s.prefill_chunks and s.decode_context_lens]
+    assert len(mixed) > 20
+    assert any(len(s.prefill_chunks) > 1 for s in mixed)  # several new requests in one step
+    assert any(s.num_tokens == 256 for s in mixed) and any(s.num_tokens < 64 for s in mixed)
+    # Decode contexts of one step differ (the grid's are all equal).
+    assert any(len(set(s.decode_context_lens)) > 1 for s in shapes)
+    for shape in shapes:
+        so = build_scheduler_output(shape, step_id=0, block_size=16, vocab_size=100)
+        assert StepShape.from_scheduler_output(so) == shape

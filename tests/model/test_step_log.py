@@ -22,7 +22,9 @@ class _Executor:
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         self.calls += 1
-        sampled = {s.request_id: [1] for s in so.scheduled if s.sample}
+        sampled = {
+            rid: [1] for rid, sample in zip(so.request_ids, so.sample, strict=True) if sample
+        }
         return ExecutorOutput(sampled, 0.001 * (so.num_scheduled_tokens + self.calls))
 
 
@@ -31,7 +33,7 @@ def test_recorder_logs_each_non_empty_step_with_the_executors_duration():
     recorder = StepRecorder(inner)
     shapes = [StepShape(((32, 100),), (5, 6)), StepShape((), (7,)), StepShape(((4, 4),), ())]
     outputs = [recorder.execute(build_scheduler_output(s, i, 16)) for i, s in enumerate(shapes)]
-    recorder.execute(SchedulerOutput(step_id=9, scheduled=[]))
+    recorder.execute(SchedulerOutput(step_id=9))
     assert recorder.steps == [(s, o.step_duration) for s, o in zip(shapes, outputs, strict=True)]
     assert [t for _, t in recorder.steps] == pytest.approx([0.035, 0.003, 0.007])
     assert recorder.block_size == 16 and inner.calls == 4  # the rest is the executor's

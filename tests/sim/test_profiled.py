@@ -10,9 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heddle.errors import HeddleError
-from heddle.model.profiling import profile_grid
+from heddle.model.profiling import profile_grid, profile_shapes
 from heddle.sim.cost_model import StepShape
-from heddle.sim.profiled import FEATURES, ProfiledCostModel, features, fit_profile, nnls
+from heddle.sim.profiled import (
+    FEATURES,
+    Coverage,
+    ProfiledCostModel,
+    features,
+    fit_profile,
+    nnls,
+)
 
 TRUE = {
     "constant": 4e-3,
@@ -21,6 +28,9 @@ TRUE = {
     "decode_context_tokens": 20e-9,
     "prefill_attention_pairs": 1.5e-9,
     "sampled_rows": 30e-6,
+    "prefill_chunks": 1e-3,
+    "tokens_over_32": 20e-6,
+    "tokens_over_128": 40e-6,
 }
 
 
@@ -49,15 +59,27 @@ def test_nnls_matches_brute_force(seed):
 
 def test_fit_recovers_known_coefficients_from_noisy_samples():
     rng = np.random.default_rng(0)
-    shapes = profile_grid(max_num_batched_tokens=1024, max_num_seqs=128, max_context=8192)
+    limits = dict(max_num_batched_tokens=1024, max_num_seqs=128, max_context=8192)
+    shapes = profile_grid(**limits) + profile_shapes(**limits, num_shapes=150)
     truth = ProfiledCostModel(TRUE)
     samples = [(s, truth.step_time(s) * (1 + 0.01 * rng.standard_normal())) for s in shapes]
-    fitted = fit_profile(samples, model="m", dtype="bfloat16", machine="test")
+    fitted = fit_profile(samples, model="m", dtype="bfloat16", machine="test", held_out=0.25)
+    c = fitted.coefficients
+    # Every decode row samples, so only the sum of these two is pinned down by the data.
+    pairs = {"decode_tokens + sampled_rows": ("decode_tokens", "sampled_rows")}
     for name in FEATURES:
-        assert fitted.coefficients[name] == pytest.approx(TRUE[name], rel=0.1), name
+        if name not in pairs["decode_tokens + sampled_rows"]:
+            assert c[name] == pytest.approx(TRUE[name], rel=0.1, abs=2e-6), name
+    assert c["decode_tokens"] + c["sampled_rows"] == pytest.approx(120e-6, rel=0.05)
     fit = fitted.metadata.fit
     assert fit is not None and fit.num_samples == len(shapes)
     assert fit.median_abs_relative_error < 0.02
+    # The self-check: a quarter of the samples predicted by a fit that never saw them.
+    assert fit.num_held_out == len(shapes) // 4
+    assert fit.held_out_median_abs is not None and fit.held_out_median_abs < 0.02
+    assert sum(n for n, *_ in fit.held_out.values()) == fit.num_held_out
+    fresh = profile_shapes(**limits, num_shapes=50, seed=1)
+    assert max(abs(fitted.step_time(s) / truth.step_time(s) - 1) for s in fresh) < 0.05
 
 
 def test_fit_keeps_coefficients_non_negative():
@@ -93,13 +115,16 @@ def test_bad_profiles_are_clear_errors(tmp_path):
         ProfiledCostModel.load(tmp_path / "missing.json")
     with pytest.raises(HeddleError, match="non-negative"):
         ProfiledCostModel({"constant": -1.0})
-    with pytest.raises(HeddleError, match="at least 6"):
+    with pytest.raises(HeddleError, match=f"at least {len(FEATURES)}"):
         fit_profile([(StepShape((), (3,)), 0.1)])
 
 
 def test_features_are_in_declared_order():
     shape = StepShape(((4, 10),), (7, 8), num_sampled=3)
-    assert features(shape) == (1.0, 4.0, 2.0, 15.0, 4 * 6 + 10, 3.0)
+    # 6 tokens in all: under both knots of the token hinges.
+    assert features(shape) == (1.0, 4.0, 2.0, 15.0, 4 * 6 + 10, 3.0, 1.0, 0.0, 0.0)
+    big = StepShape(((200, 300),), (7,) * 10)
+    assert features(big)[-3:] == (1.0, 210.0 - 32, 210.0 - 128)
 
 
 shapes = st.builds(
@@ -123,3 +148,31 @@ def test_profiled_model_is_monotone(shape, context, extra):
     )
     assert model.step_time(more) >= model.step_time(shape)
     assert model.step_time(longer) >= model.step_time(shape)
+
+
+def test_profile_knows_what_it_covered_and_counts_steps_outside():
+    samples = [(s, ProfiledCostModel(TRUE).step_time(s)) for s in profile_grid(256, 16, 1024)]
+    fitted = fit_profile(samples)
+    assert fitted.metadata.coverage == Coverage(256, 16, 1, 1024)
+    fitted.step_time(StepShape(((100, 900),), (500,) * 8))
+    assert fitted.coverage_warning() is None
+    fitted.step_time(StepShape(((32, 32), (32, 32)), (10,)))
+    fitted.step_time(StepShape((), (2000,)))
+    warning = fitted.coverage_warning()
+    assert warning is not None and "2 of 3 steps" in warning
+    assert "first: 2 prefill chunks > 1" in warning
+    assert Coverage(256, 16, 1, 1024).miss(StepShape((), (5,) * 17)) == "17 decodes > 16"
+    assert Coverage(256, 16, 1, 1024).miss(StepShape(((250, 250),), (5,) * 7)) == (
+        "257 tokens > 256"
+    )
+
+
+def test_held_out_check_and_coverage_survive_save_and_load(tmp_path):
+    shapes = profile_grid(256, 16, 1024) + profile_shapes(256, 16, 1024, num_shapes=40)
+    fitted = fit_profile([(s, ProfiledCostModel(TRUE).step_time(s)) for s in shapes],
+                         held_out=0.25)  # fmt: skip
+    fitted.save(tmp_path / "p.json")
+    loaded = ProfiledCostModel.load(tmp_path / "p.json")
+    assert loaded.metadata == fitted.metadata
+    assert loaded.metadata.fit is not None
+    assert any(line.startswith("held out") for line in loaded.metadata.fit.lines())

@@ -32,7 +32,7 @@ def test_errors_per_bucket_and_overall():
     assert d.median_signed == pytest.approx((-0.2 + 0.25) / 2)
     assert d.median_abs == pytest.approx(0.225)
     assert d.share_of_time == pytest.approx(0.0041 / 0.0361)
-    p = by_name["prefill tok=33-64"]
+    p = by_name["prefill tok=17-64"]
     assert (p.num_steps, p.median_signed, p.p90_abs) == (1, pytest.approx(1.0), pytest.approx(1.0))
     assert report.overall.num_steps == 3 and report.overall.median_abs == pytest.approx(0.25)
     assert report.lines()[1].startswith("all")
