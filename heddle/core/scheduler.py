@@ -69,6 +69,11 @@ class Scheduler:
         # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
         self._static_waiting = not self.policy.waiting_order_changes
         self._static_running = not self.policy.running_order_changes
+        # A policy that never lets a waiting request evict a running one: once the seats are
+        # taken, admission is over, without asking `admit` of every request still waiting.
+        self._preempts_for_waiting = (
+            type(self.policy).should_preempt_for is not Policy.should_preempt_for
+        )
         self.waiting: ArrivalQueue | OrderedQueue = (
             OrderedQueue(self._order_key) if self._static_waiting else ArrivalQueue()
         )
@@ -331,7 +336,7 @@ class Scheduler:
         candidates = waiting if self._static_waiting else policy.order_waiting(list(waiting), now)
         # Changes to the waiting queue wait for the end of the loop: it iterates the queue.
         for request in candidates:
-            if step.tokens_left <= 0:
+            if step.tokens_left <= 0 or (seats <= 0 and not self._preempts_for_waiting):
                 break
             if not self._parent_ready(request):
                 continue
