@@ -67,12 +67,25 @@ def hash_seconds_per_block(block_size: int, repeats: int = 20000) -> dict[str, f
     }
 
 
+TOKEN_BUDGET = 2048
+
+
+def max_output_tokens(batch: int, prompt_len: int, decode_steps: int) -> int:
+    """Enough that no request finishes in the timed steps: the first requests decode while the
+    last ones are still prefilled (about batch * prompt_len / TOKEN_BUDGET steps)."""
+    return decode_steps + 16 + -(-batch * prompt_len // TOKEN_BUDGET)
+
+
 def measure(llm: LLM, batch: int, prompt_len: int, decode_steps: int, seed: int) -> dict[str, Any]:
     engine = llm.engine
     rng = random.Random(seed + batch)
     vocab = engine.vocab_size or 32000
     ids = [f"b{batch}-{i}" for i in range(batch)]
-    params = SamplingParams(max_tokens=decode_steps + 8, ignore_eos=True, temperature=0.0)
+    params = SamplingParams(
+        max_tokens=max_output_tokens(batch, prompt_len, decode_steps),
+        ignore_eos=True,
+        temperature=0.0,
+    )
     for request_id in ids:
         prompt = [rng.randrange(100, vocab) for _ in range(prompt_len)]
         engine.add_request(request_id, prompt, params)
@@ -122,9 +135,13 @@ def main() -> None:
         dtype="float32",
         num_threads=args.num_threads,
         max_num_seqs=max(batches),
-        max_num_batched_tokens=2048,
+        max_num_batched_tokens=TOKEN_BUDGET,
         block_size=16,
-        num_blocks=max(batches) * (args.prompt_len + args.decode_steps + 16) // 16 + 64,
+        num_blocks=max(batches)
+        * (args.prompt_len + max_output_tokens(max(batches), args.prompt_len, args.decode_steps))
+        // 16
+        + 2 * max(batches)
+        + 64,
     )
     print(f"machine: {cpu_model()}, {platform.machine()}, torch threads {args.num_threads}")
     measure(llm, 1, args.prompt_len, 4, args.seed)  # warm up kernels and the allocator
