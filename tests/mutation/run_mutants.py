@@ -51,8 +51,8 @@ MUTANTS = (
     Mutant(
         "commit-registers-a-partial-block",
         "heddle/core/kv_cache.py",
-        "num_full = min(num_computed // self.block_size, len(table))",
-        "num_full = min(-(-num_computed // self.block_size), len(table))",
+        "num_full = min(request.num_computed_tokens // self.block_size, len(table))",
+        "num_full = min(-(-request.num_computed_tokens // self.block_size), len(table))",
         ("tests/core/test_kv_cache_model.py", "tests/core/test_kv_cache.py"),
     ),
     Mutant(
@@ -64,7 +64,7 @@ MUTANTS = (
     ),
     Mutant(
         "long-prefill-threshold-deleted",
-        "heddle/core/scheduler.py",
+        "heddle/core/step_builder.py",
         "        if self.long_prefill_threshold is not None:\n"
         "            num = min(num, self.long_prefill_threshold)\n",
         "",
@@ -80,7 +80,7 @@ MUTANTS = (
     Mutant(
         "fair-charges-output-for-prefill-chunks",
         "heddle/core/policies/fair.py",
-        "            if scheduled.sample:\n                service += self.output_weight\n",
+        "            if sample:\n                service += self.output_weight\n",
         "            service += self.output_weight\n",
         ("tests/core/policies/test_fair.py",),
     ),
