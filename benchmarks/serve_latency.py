@@ -96,17 +96,19 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="auto | bfloat16 | float32")
+    parser.add_argument("--engine-core", default="process", choices=("process", "thread"))
     parser.add_argument("--output", default="results/serve_latency.json")
     args = parser.parse_args()
 
-    engine_flags = ["--num-threads", str(args.num_threads), "--dtype", "float32"]
+    engine_flags = ["--num-threads", str(args.num_threads), "--dtype", args.dtype]
     port = free_port()
     log = Path(args.output).with_suffix(".server.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as log_file:
         server = subprocess.Popen(
             [sys.executable, "-c", SERVE, "--port", str(port), "--log-level", "warning",
-             *engine_flags],
+             "--engine-core", args.engine_core, *engine_flags],
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -124,7 +126,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not come up")
             time.sleep(0.5)
-        llm = LLM(dtype="float32", num_threads=args.num_threads)
+        llm = LLM(dtype=args.dtype, num_threads=args.num_threads)
         vocab = llm.engine.vocab_size or 32000
         rng = random.Random(0)
         prompts = [
@@ -152,7 +154,10 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             server.kill()
     off, srv = statistics.median(offline), statistics.median(served)
-    print(f"machine: {cpu_model()}, torch threads {args.num_threads}")
+    print(
+        f"machine: {cpu_model()}, torch threads {args.num_threads}, dtype {args.dtype}, "
+        f"engine core: {args.engine_core}"
+    )
     print(
         f"{args.num_requests} requests of {args.prompt_len} prompt + {args.output_len} output "
         f"tokens, one at a time: offline median {1000 * off:.0f} ms, served median "
@@ -162,6 +167,8 @@ def main() -> None:
         json.dumps(
             {
                 "machine": cpu_model(),
+                "dtype": args.dtype,
+                "engine_core": args.engine_core,
                 "prompt_len": args.prompt_len,
                 "output_len": args.output_len,
                 "offline_s": offline,
