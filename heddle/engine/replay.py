@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 
 from heddle.engine.engine import Engine
 from heddle.errors import HeddleError
+from heddle.metrics.programs import ProgramRecord
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.request import SamplingParams
-from heddle.workloads import Workload, WorkloadRequest
+from heddle.workloads import AgentRun, TokenContexts, Workload, WorkloadRequest
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class ReplayResult:
     num_preemptions: int = 0
     num_blocks: int = 0
     engine: Engine | None = None
+    programs: list[ProgramRecord] = field(default_factory=list)  # agent workloads: per program
 
     @property
     def requests_per_wall_second(self) -> float:
@@ -56,13 +58,16 @@ def replay(
     """Run every request of `workload` through `engine` at its arrival time (engine clock)."""
     clock = engine.clock
     start = clock.now()
+    # Agent programs: a finished call causes the next ones (after a tool, or a fan-out/join).
+    agents = AgentRun(workload, TokenContexts(vocab_size)) if workload.is_agent else None
+    first = agents.first_requests() if agents is not None else workload.requests
     # (arrival time, order of creation, request): ties between equal times keep workload order.
     events: list[tuple[float, int, WorkloadRequest]] = [
-        (start + r.arrival_time, i, r) for i, r in enumerate(workload.requests)
+        (start + r.arrival_time, i, r) for i, r in enumerate(first)
     ]
     heapq.heapify(events)
     next_order = len(events)
-    in_flight: dict[str, tuple[WorkloadRequest, list[int]]] = {}
+    in_flight: dict[str, WorkloadRequest] = {}
     result = ReplayResult(records=[], step_stats=[], start_time=start, engine=engine)
     bar = _Progress(len(workload.flat())) if progress else None
     wall_start = time.perf_counter()
@@ -72,7 +77,9 @@ def replay(
         now = clock.now()
         while events and events[0][0] <= now:
             arrival, _, request = heapq.heappop(events)
-            prompt_ids = list(request.prompt_ids(vocab_size))
+            prompt_ids = list(
+                agents.context_of(request) if agents is not None else request.prompt_ids(vocab_size)
+            )
             try:
                 engine.add_request(
                     request.request_id,
@@ -90,8 +97,10 @@ def replay(
                 )
             except HeddleError as exc:
                 result.rejected.append((request.request_id, str(exc)))
+                if agents is not None:
+                    agents.failed(request, arrival - start)
                 continue
-            in_flight[request.request_id] = (request, prompt_ids)
+            in_flight[request.request_id] = request
         if not engine.has_unfinished_requests():
             if events:
                 clock.wait_until(events[0][0])
@@ -106,19 +115,14 @@ def replay(
         for output in outputs:
             if not output.finished:
                 continue
-            request, prompt_ids = in_flight.pop(output.request_id)
+            request = in_flight.pop(output.request_id)
             if bar is not None:
                 bar.advance()
             record = output.metrics
-            if workload.is_agent and record is not None and record.finish_time is not None:
-                follow_up = workload.next_request(
-                    request,
-                    record.finish_time - start,
-                    vocab_size=vocab_size,
-                    prompt_token_ids=prompt_ids,
-                    output_token_ids=output.outputs[0].token_ids,
-                )
-                if follow_up is not None:
+            if agents is not None and record is not None and record.finish_time is not None:
+                for follow_up in agents.finished(
+                    request, record.finish_time - start, output.outputs[0].token_ids
+                ):
                     heapq.heappush(events, (start + follow_up.arrival_time, next_order, follow_up))
                     next_order += 1
 
@@ -131,6 +135,8 @@ def replay(
     result.num_steps = engine.num_steps
     result.num_preemptions = engine.scheduler.num_preemptions
     result.num_blocks = engine.kv_cache.num_blocks
+    if agents is not None:
+        result.programs = agents.program_records()
     engine.check_integrity()
     return result
 

@@ -35,7 +35,7 @@ from heddle.request import SamplingParams
 from heddle.router.report import engine_report
 from heddle.router.router import Router
 from heddle.router.state import RouteRequest
-from heddle.workloads import Workload, WorkloadRequest
+from heddle.workloads import AgentRun, TokenContexts, Workload, WorkloadRequest
 
 _PUBLISH, _FAILURE, _RESTART, _ARRIVAL, _STEP = range(5)
 
@@ -159,6 +159,8 @@ class _ClusterLoop:
         self.router = router
         self.workload = workload
         self.vocab_size = vocab_size
+        # Agent programs: a finished call causes the next ones (after a tool, or a fan-out/join).
+        self.agents = AgentRun(workload, TokenContexts(vocab_size)) if workload.is_agent else None
         self.temperature = temperature
         self.engines = [make_engine(i) for i in range(num_replicas)]
         self.alive = [True] * num_replicas
@@ -179,7 +181,8 @@ class _ClusterLoop:
 
     def run(self, failures: Sequence[ReplicaFailure]) -> ClusterResult:
         wall_start = time.perf_counter()
-        for request in self.workload.requests:
+        first = self.agents.first_requests() if self.agents else self.workload.requests
+        for request in first:
             self._push(request.arrival_time, _ARRIVAL, request)
         for failure in failures:
             if not 0 <= failure.replica_id < len(self.engines):
@@ -208,7 +211,8 @@ class _ClusterLoop:
         if isinstance(item, _Flight):
             flight = item
         else:
-            flight = _Flight(item, list(item.prompt_ids(self.vocab_size)), now)
+            ids = self.agents.context_of(item) if self.agents else item.prompt_ids(self.vocab_size)
+            flight = _Flight(item, list(ids), now)
         request = flight.request
         prompt = flight.prompt_ids + flight.delivered
         remaining = request.output_len - len(flight.delivered)
@@ -297,15 +301,9 @@ class _ClusterLoop:
             flight.request.output_len - len(flight.delivered) - len(tokens)
         )
         self.result.records.append(merged)
-        if self.workload.is_agent and merged.finish_time is not None:
-            follow_up = self.workload.next_request(
-                flight.request,
-                merged.finish_time,
-                vocab_size=self.vocab_size,
-                prompt_token_ids=flight.prompt_ids,
-                output_token_ids=[*flight.delivered, *tokens],
-            )
-            if follow_up is not None:
+        if self.agents is not None and merged.finish_time is not None:
+            generated = [*flight.delivered, *tokens]
+            for follow_up in self.agents.finished(flight.request, merged.finish_time, generated):
                 self._push(follow_up.arrival_time, _ARRIVAL, follow_up)
 
     # -- failures ---------------------------------------------------------------------------

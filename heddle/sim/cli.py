@@ -133,6 +133,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if result.rejected:
         print(f"rejected, e.g. {result.rejected[0][0]}: {result.rejected[0][1]}")
     _warn_outside_profile(result)
+    if result.programs:
+        from heddle.metrics.programs import format_program_summary, summarize_programs
+
+        print(format_program_summary(summarize_programs(result.programs, result.records)))
     if args.output_dir:
         _write_outputs(args, workload, result, summary)
     return 0

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from heddle.workloads.agent import AgentCall, AgentProgram, agent
+from heddle.workloads.agent import SUBAGENTS, USER_TURN, AgentCall, AgentProgram, ToolTime
+from heddle.workloads.agent_bfcl import bfcl_agent
+from heddle.workloads.agent_fanout import fanout_agent
+from heddle.workloads.agent_generic import agent
+from heddle.workloads.agent_run import AgentRun, ContextBuilder, TokenContexts
+from heddle.workloads.agent_swe import swe_agent
 from heddle.workloads.arrivals import (
     ARRIVAL_PROCESSES,
     all_at_once,
@@ -33,15 +38,23 @@ __all__ = [
     "ARRIVAL_PROCESSES",
     "DEFAULT_LOW_ID",
     "GENERATORS",
+    "SUBAGENTS",
     "TRACE_FILES",
+    "USER_TURN",
     "AgentCall",
     "AgentProgram",
+    "AgentRun",
+    "ContextBuilder",
+    "TokenContexts",
+    "ToolTime",
     "Workload",
     "WorkloadRequest",
     "agent",
     "all_at_once",
     "arrival_times",
+    "bfcl_agent",
     "chat",
+    "fanout_agent",
     "gamma",
     "get_workload",
     "list_workloads",
@@ -54,6 +67,7 @@ __all__ = [
     "reasoning_mix",
     "replay",
     "save_jsonl",
+    "swe_agent",
     "synthetic_prompt_ids",
     "trace",
     "trace_path",

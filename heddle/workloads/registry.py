@@ -11,7 +11,11 @@ from types import MappingProxyType
 from typing import Any
 
 from heddle.errors import HeddleError
-from heddle.workloads.agent import AgentProgram, agent
+from heddle.workloads.agent import AgentProgram
+from heddle.workloads.agent_bfcl import bfcl_agent
+from heddle.workloads.agent_fanout import fanout_agent
+from heddle.workloads.agent_generic import agent
+from heddle.workloads.agent_swe import swe_agent
 from heddle.workloads.request import DEFAULT_LOW_ID, WorkloadRequest
 from heddle.workloads.synthetic import (
     chat,
@@ -30,6 +34,9 @@ GENERATORS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType(
         "reasoning-mix": reasoning_mix,
         "multi-tenant": multi_tenant,
         "agent": agent,
+        "agent-swe": swe_agent,
+        "agent-bfcl": bfcl_agent,
+        "agent-fanout": fanout_agent,
     }
 )
 # Options every workload accepts on top of its generator's parameters.

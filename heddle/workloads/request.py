@@ -60,11 +60,37 @@ class WorkloadRequest:
     tpot_slo: float | None = None  # seconds
     prompt_token_ids: tuple[int, ...] | None = None
     prompt_seed: int | str = 0
-    # Agent workloads: the program this call belongs to and its position in it.
+    # Agent workloads: the program this call belongs to and its position in it. A program is
+    # a session: its calls share a growing context. A sub-agent's program names its parent's.
     program_id: str | None = None
     call_index: int = 0
+    parent_program_id: str | None = None
+    tool: str | None = None  # what runs after this call ends (a tool's name); None: nothing
+    expected_pause: float | None = None  # the pause the program expects after this call (s)
+    last_call: bool = False  # the program's last call: its session ends with it
+    # Shared segments that open the prompt, as (seed, length): the same seed gives the same
+    # ids in every request (a system prompt, tool descriptions), so the prefix cache can find
+    # them across programs. The rest of the prompt is drawn from `prompt_seed`.
+    shared_prefix: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.shared_prefix, tuple) or any(
+            not isinstance(part, tuple) for part in self.shared_prefix
+        ):
+            object.__setattr__(
+                self, "shared_prefix", tuple((str(s), int(n)) for s, n in self.shared_prefix)
+            )
+        if sum(n for _, n in self.shared_prefix) > self.prompt_len or any(
+            n < 0 for _, n in self.shared_prefix
+        ):
+            raise HeddleError(
+                f"request {self.request_id}: shared prefix {self.shared_prefix} does not fit "
+                f"a prompt of {self.prompt_len} tokens"
+            )
+        if self.expected_pause is not None and not (
+            math.isfinite(self.expected_pause) and self.expected_pause >= 0
+        ):
+            raise HeddleError(f"request {self.request_id}: expected_pause must be >= 0")
         if self.prompt_token_ids is not None:
             if not isinstance(self.prompt_token_ids, tuple):
                 object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
@@ -90,10 +116,15 @@ class WorkloadRequest:
     def prompt_ids(
         self, vocab_size: int, low: int = DEFAULT_LOW_ID, high: int | None = None
     ) -> tuple[int, ...]:
-        """The prompt's token ids: the explicit ones, or ids synthesized from `prompt_seed`."""
+        """The prompt's token ids: the explicit ones, or ids synthesized from the shared
+        prefix's seeds and `prompt_seed`."""
         if self.prompt_token_ids is not None:
             return self.prompt_token_ids
-        return synthetic_prompt_ids(self.prompt_len, vocab_size, self.prompt_seed, low, high)
+        ids: tuple[int, ...] = ()
+        for seed, length in self.shared_prefix:
+            ids += synthetic_prompt_ids(length, vocab_size, seed, low, high)
+        rest = self.prompt_len - len(ids)
+        return ids + synthetic_prompt_ids(rest, vocab_size, self.prompt_seed, low, high)
 
     def with_arrival(self, arrival_time: float) -> WorkloadRequest:
         return replace(self, arrival_time=arrival_time)

@@ -74,7 +74,7 @@ def test_simulation_is_deterministic_under_a_seed():
 
 
 def test_agent_calls_arrive_after_tool_latency_and_reuse_context():
-    wl = get_workload("agent", num_requests=3, rate=1.0, seed=1)
+    wl = get_workload("agent-swe", num_requests=3, rate=1.0, seed=1, length_scale=0.1)
     result = run(wl, num_blocks=4096, max_num_batched_tokens=256)
     assert result.rejected == []
     flat = wl.flat()

@@ -26,7 +26,18 @@ from heddle.workloads import (
 
 
 @pytest.mark.parametrize(
-    "name", ["random", "chat", "long-prompt-mix", "reasoning-mix", "multi-tenant", "agent"]
+    "name",
+    [
+        "random",
+        "chat",
+        "long-prompt-mix",
+        "reasoning-mix",
+        "multi-tenant",
+        "agent",
+        "agent-swe",
+        "agent-bfcl",
+        "agent-fanout",
+    ],
 )
 def test_same_seed_same_workload(name: str) -> None:
     a = get_workload(name, seed=3, num_requests=50, rate=2.0)
