@@ -122,6 +122,22 @@ async def run_bench_async(
         extensions=extensions,
         headers=headers,
     )
+    if load.is_agent:
+        return await _run_agents(
+            base_url,
+            load,
+            model,
+            headers,
+            slo,
+            progress,
+            concurrency,
+            request_rate,
+            max_duration=max_duration,
+            request_timeout=request_timeout,
+            temperature=temperature,
+            seed=seed,
+            extensions=extensions,
+        )
     total = len(load.flat())
     if progress:
         from rich.progress import (
@@ -174,6 +190,68 @@ async def run_bench_async(
         num_not_sent=result.num_not_sent,
         wall_time=result.wall_time,
         workload_requests=load.flat(),
+    )
+
+
+async def _run_agents(
+    base_url: str,
+    load: Workload,
+    model: str,
+    headers: dict[str, str],
+    slo: SLO | None,
+    progress: bool,
+    concurrency: int | None,
+    request_rate: float | None,
+    **kwargs: Any,
+) -> BenchResult:
+    """An agent workload: its programs as chat conversations (heddle.bench.agents)."""
+    from heddle.bench.agents import AgentLoadOptions, run_programs
+    from heddle.metrics.programs import summarize_programs
+
+    options = AgentLoadOptions(
+        url=f"{api_root(base_url)}/v1/chat/completions",
+        model=model,
+        concurrency=concurrency,
+        headers=headers,
+        **kwargs,
+    )
+    total = len(load.flat())
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        columns = (TextColumn("[bold]agents[/bold] calls"), BarColumn(), MofNCompleteColumn())
+        with Progress(*columns) as bar:
+            task = bar.add_task("calls", total=total)
+            result = await run_programs(load, options, lambda _: bar.update(task, advance=1))
+    else:
+        result = await run_programs(load, options)
+    records = [o.record for o in result.outcomes]
+    config = {
+        "base_url": base_url,
+        "model": model,
+        "workload": load.name,
+        "request_rate": request_rate,
+        "concurrency": concurrency,
+        "num_programs": len(load.programs),
+        "num_requests": total,
+        "api": "chat",
+        "max_duration": options.max_duration,
+        "request_timeout": options.request_timeout,
+        "temperature": options.temperature,
+        "extensions": options.extensions,
+        "slo": None if slo is None else {"ttft": slo.ttft, "tpot": slo.tpot},
+    }
+    return BenchResult(
+        config=config,
+        workload=load.describe(),
+        records=records,
+        summary=summarize(records, slo=slo),
+        errors={o.record.request_id: o.error for o in result.outcomes if o.error is not None},
+        num_not_sent=result.num_not_sent,
+        wall_time=result.wall_time,
+        workload_requests=load.flat(),
+        program_records=result.programs,
+        programs=summarize_programs(result.programs, records, cache_reported=result.cache_reported),
     )
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from heddle.metrics import Summary, record_to_dict
+from heddle.metrics.programs import ProgramRecord, ProgramSummary, format_program_summary
 from heddle.metrics.record import RequestRecord
 from heddle.workloads import WorkloadRequest
 
@@ -24,6 +25,9 @@ class BenchResult:
     num_not_sent: int = 0
     wall_time: float = 0.0
     workload_requests: list[WorkloadRequest] = field(default_factory=list)  # as planned
+    # Agent workloads: one record per program and their summary.
+    program_records: list[ProgramRecord] = field(default_factory=list)
+    programs: ProgramSummary | None = None
 
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -34,8 +38,12 @@ class BenchResult:
             "summary": self.summary.to_dict(),
             "errors": self.errors,
         }
+        if self.programs is not None:
+            out["programs"] = self.programs.to_dict()
         if with_records:
             out["records"] = [record_to_dict(r) for r in self.records]
+            if self.program_records:
+                out["program_records"] = [asdict(p) for p in self.program_records]
         return _finite(out)
 
 
@@ -91,6 +99,8 @@ def print_report(result: BenchResult, console: Any = None) -> None:
         f"output {overall.output_throughput:.1f} tok/s, "
         f"total {overall.total_token_throughput:.1f} tok/s; wall {result.wall_time:.1f} s"
     )
+    if result.programs is not None:
+        console.print(format_program_summary(result.programs), highlight=False)
     if result.errors:
         shown = list(result.errors.items())[:5]
         console.print(f"[red]{len(result.errors)} request(s) failed[/red], e.g.:")
