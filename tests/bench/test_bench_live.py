@@ -87,3 +87,24 @@ def test_failures_are_counted_not_raised(server):
     assert result.errors["huge"].startswith("HTTP 400")
     assert result.summary.overall.num_completed == 1
     assert result.summary.overall.num_failed == 1
+
+
+def test_agent_programs_against_the_real_model(server):
+    """Chat programs with tool results: every call gets its planned length, later calls hit
+    the prefix cache (the conversation so far), nothing leaks."""
+    result = run_bench(
+        server.base_url,
+        "agent-bfcl",
+        request_rate=4.0,
+        num_requests=2,
+        workload_options={"length_scale": 0.02, "tool_time_factor": 0.05},
+        api_key=API_KEY,
+    )
+    assert result.errors == {}
+    programs = result.programs
+    assert programs is not None and programs.num_completed == 2
+    planned = {r.request_id: r.output_len for r in result.workload_requests}
+    assert {r.request_id: r.num_output_tokens for r in result.records} == planned
+    assert programs.cache_hit_rate is not None and programs.cache_hit_rate > 0.3
+    assert programs.completion_time.p99 is not None
+    server.assert_pool_whole()
