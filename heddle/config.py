@@ -51,6 +51,11 @@ class SchedulerConfig:
     max_waiting: int | None = None  # bound on the waiting queue; None: unbounded
     # Longest prefill chunk one request may take in a step; None: the whole budget.
     long_prefill_token_threshold: int | None = None
+    # What happens to a paused agent session's KV (heddle/sessions/retention.py): lru (not
+    # parked: today's engines), ttl (a fixed pin), cost (keep / drop by the cost model).
+    retention: str = "lru"
+    retention_options: dict[str, object] = field(default_factory=dict)
+    max_park_seconds: float = 600.0  # no parked KV outlives this
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -61,6 +66,8 @@ class SchedulerConfig:
             raise HeddleError("max_waiting must be >= 0")
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 1:
             raise HeddleError("long_prefill_token_threshold must be positive")
+        if not self.max_park_seconds > 0:
+            raise HeddleError("max_park_seconds must be positive")
 
 
 @dataclass(frozen=True, slots=True)

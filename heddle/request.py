@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from heddle.core.block_hash import BlockHash
 from heddle.errors import InvalidRequestError
 from heddle.metrics.record import RequestRecord
+from heddle.sessions.session import SessionInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,8 @@ class Request:
     true_output_len: int | None = None
     # Requests with different salts never share prefix-cache entries (one salt per tenant).
     cache_salt: str | None = None
+    # The agent session this request is a turn of (heddle/sessions): its KV may be parked.
+    session: SessionInfo | None = None
     # Admission order, set by the scheduler: breaks ties between equal arrival times.
     seq: int = 0
 

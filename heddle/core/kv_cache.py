@@ -141,6 +141,10 @@ class KVCacheManager:
         self._tables: dict[str, list[int]] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
+        # Parked sessions (heddle/sessions): per session, the cached full blocks of its last
+        # context, held (one reference each) so that they stay out of the free pool.
+        self._parked: dict[str, list[int]] = {}
+        self._parked_refs: dict[int, int] = {}  # block id -> sessions parking it
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -256,6 +260,60 @@ class KVCacheManager:
             blocks = self.pool.blocks
             self.pool.release([blocks[i] for i in table])
 
+    # -- parked sessions --------------------------------------------------------------------
+    def park(self, session_id: str, request: Request) -> int:
+        """Hold the request's cached full blocks for `session_id` (call before `free`): they
+        stay out of the free pool, findable by the prefix cache, until `unpark`. A session
+        parks one context; parking again replaces it. Returns the number of blocks held."""
+        held: list[int] = []
+        lookup = self.pool.lookup
+        for block_hash in request.block_hashes[: request.num_committed_blocks]:
+            block = lookup(block_hash)
+            if block is None:
+                break  # the chain is cut: later blocks could never be found from the root
+            self.pool.acquire(block)
+            held.append(block.block_id)
+        self.unpark(session_id)
+        if held:
+            self._parked[session_id] = held
+            refs = self._parked_refs
+            for block_id in held:
+                refs[block_id] = refs.get(block_id, 0) + 1
+        return len(held)
+
+    def unpark(self, session_id: str) -> int:
+        """Release a session's parked blocks to the free pool (their contents stay cached
+        until the pool reuses them). Returns how many blocks it held."""
+        held = self._parked.pop(session_id, None)
+        if not held:
+            return 0
+        blocks = self.pool.blocks
+        self.pool.release([blocks[i] for i in held])
+        refs = self._parked_refs
+        for block_id in held:
+            if refs[block_id] == 1:
+                del refs[block_id]
+            else:
+                refs[block_id] -= 1
+        return len(held)
+
+    def parked_block_ids(self, session_id: str) -> list[int]:
+        return self._parked.get(session_id, [])
+
+    def num_freeable_parked_blocks(self, session_id: str) -> int:
+        """Blocks that unparking the session would return to the free pool (held by it alone)."""
+        blocks = self.pool.blocks
+        return sum(1 for i in self._parked.get(session_id, ()) if blocks[i].ref_count == 1)
+
+    @property
+    def num_parked_blocks(self) -> int:
+        """Distinct blocks held by parked sessions."""
+        return len(self._parked_refs)
+
+    @property
+    def parked_sessions(self) -> list[str]:
+        return list(self._parked)
+
     # -- queries ----------------------------------------------------------------------------
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (the live list: read it, never mutate it)."""
@@ -287,11 +345,22 @@ class KVCacheManager:
                 raise AssertionError(f"request {request_id} holds a block twice")
             for block_id in table:
                 holders[block_id] += 1
+        parked_refs: dict[int, int] = {}
+        for session_id, held in self._parked.items():
+            if len(set(held)) != len(held):
+                raise AssertionError(f"session {session_id} parks a block twice")
+            for block_id in held:
+                holders[block_id] += 1
+                parked_refs[block_id] = parked_refs.get(block_id, 0) + 1
+                if blocks[block_id].block_hash is None:
+                    raise AssertionError(f"session {session_id} parks uncached block {block_id}")
+        if parked_refs != self._parked_refs:
+            raise AssertionError("the parked blocks' counts disagree with the parked sessions")
         for block in blocks:
             if block.ref_count != holders[block.block_id]:
                 raise AssertionError(
                     f"block {block.block_id}: ref count {block.ref_count}, "
-                    f"held by {holders[block.block_id]} tables"
+                    f"held by {holders[block.block_id]} tables and parked sessions"
                 )
         if running is None:
             return

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from heddle.clock import Clock
 from heddle.config import SchedulerConfig
 from heddle.core.accounting import Accounting, StallReason
-from heddle.core.kv_cache import KVCacheManager
+from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
 from heddle.core.queues import ArrivalQueue, OrderedQueue, insert_sorted
@@ -34,6 +34,8 @@ from heddle.core.step_builder import StepBuilder
 from heddle.errors import InvalidRequestError, QueueFullError
 from heddle.metrics.record import TokenTimeline, TokenTimes
 from heddle.request import FinishReason, Request, RequestStatus
+from heddle.sessions.manager import SessionManager
+from heddle.sessions.retention import make_retention
 
 RUNNING = RequestStatus.RUNNING
 
@@ -65,6 +67,12 @@ class Scheduler:
         self.kv_cache = kv_cache
         self.clock = clock
         self.policy = policy or make_policy(config.policy, **config.policy_options)
+        # Parked KV of paused agent sessions (heddle/sessions/manager.py).
+        self.sessions = SessionManager(
+            kv_cache,
+            make_retention(config.retention, **config.retention_options),
+            max_park_seconds=config.max_park_seconds,
+        )
         self.requests: dict[str, Request] = {}
         # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
         self._static_waiting = not self.policy.waiting_order_changes
@@ -128,6 +136,8 @@ class Scheduler:
         # Order keys first: a policy that cannot rank a request (oracle without a true
         # length) raises here, before anything is queued.
         keys = [self._order_key(r) for r in requests] if self._static_waiting else None
+        for request in requests:
+            self.sessions.on_arrival(request)  # raises if the session has a turn in flight
         self._next_seq += len(requests)
         for index, request in enumerate(requests):
             times = request.record.token_times = TokenTimes(self.timeline)
@@ -149,6 +159,7 @@ class Scheduler:
             self.waiting.remove(request)
             if request.status is RequestStatus.PREEMPTED:
                 self.num_preempted_waiting -= 1
+        self.sessions.on_finished(request, reason, self.clock.now(), self.waiting)
         self.kv_cache.free(request)
         self.accounting.finish(request)
         request.status = RequestStatus.FINISHED
@@ -187,6 +198,7 @@ class Scheduler:
         now = self.clock.now()
         self.finished_in_step = []
         kv = self.kv_cache
+        self.sessions.expire(now)
         policy = self.policy
         view = SchedulerView(
             now=now,
@@ -311,6 +323,8 @@ class Scheduler:
         those not yet served) until they fit. False when the request itself gave way."""
         kv = self.kv_cache
         while not kv.allocate_slots(request, num_tokens):
+            if self._reclaim_parked(request, num_tokens, True):
+                continue
             candidates = [r for r in ordered[index + 1 :] if r.status is RUNNING]
             candidates.append(request)
             victim = self.policy.choose_victim(candidates, now)
@@ -334,10 +348,16 @@ class Scheduler:
         admitted: list[Request] = []
         waiting = self.waiting
         candidates = waiting if self._static_waiting else policy.order_waiting(list(waiting), now)
+        # Once a request waits for memory, later ones may not overtake it, except turns whose
+        # session's KV is parked: they hold their memory already.
+        memory_blocked = False
+        sessions = self.sessions
         # Changes to the waiting queue wait for the end of the loop: it iterates the queue.
         for request in candidates:
             if step.tokens_left <= 0 or (seats <= 0 and not self._preempts_for_waiting):
                 break
+            if memory_blocked and not sessions.has_parked(request):
+                continue
             if not self._parent_ready(request):
                 continue
             if not policy.admit(request, view, len(admitted)):
@@ -353,10 +373,16 @@ class Scheduler:
             if num_new <= 0:
                 continue
             while not kv.allocate_slots(request, num_cached + num_new, cached_blocks):
+                wanted = num_cached + num_new
+                if self._reclaim_parked(request, wanted, not self.running, cached_blocks):
+                    continue
                 if not self._preempt_for(request, now, step, preempted, admitted):
                     break
             if not kv.has_blocks(request.request_id):
-                break  # out of blocks: later arrivals wait too, so no one overtakes for memory
+                if not sessions.parked:
+                    break  # out of blocks: later arrivals wait too, so no one overtakes
+                memory_blocked = True
+                continue
             record = request.record
             if request.status is RequestStatus.WAITING:
                 kv.record_prefix_lookup(request.num_prompt_tokens, num_cached)
@@ -366,6 +392,7 @@ class Scheduler:
                 self.num_preempted_waiting -= 1
             request.num_computed_tokens = num_cached
             request.status = RUNNING
+            sessions.on_admitted(request)
             request.known_to_executor = False
             if record.first_scheduled_time is None:
                 record.first_scheduled_time = now
@@ -402,6 +429,31 @@ class Scheduler:
         self._preempt(victim, requeue=False)
         preempted.append(victim)
         return True
+
+    def _reclaim_parked(
+        self,
+        request: Request,
+        num_tokens: int,
+        must: bool,
+        cached_blocks: Sequence[KVBlock] = (),
+    ) -> bool:
+        """Free parked sessions' blocks (the retention policy's order) so that `request`'s
+        table can cover `num_tokens`. `must`: a running request would be preempted otherwise."""
+        kv = self.kv_cache
+        have = kv.num_request_blocks(request.request_id) + len(cached_blocks)
+        # Cached blocks that sit in the free pool leave it when the request acquires them.
+        reclaimed = sum(1 for b in cached_blocks if b.ref_count == 0)
+        wanted = kv.blocks_needed(num_tokens) - have + reclaimed
+        # The request's own session's blocks are what it resumes from: released only when
+        # nothing else can run.
+        session = request.session
+        return self.sessions.reclaim(
+            wanted,
+            self.waiting,
+            self.clock.now(),
+            must=must,
+            exclude=session.session_id if session is not None and not must else None,
+        )
 
     def _parent_ready(self, request: Request) -> bool:
         """A child of an n>1 group waits until its parent's prompt is computed (and cached)."""
@@ -546,3 +598,4 @@ class Scheduler:
                 f"{len(self.running)} running requests, max_num_seqs={self.config.max_num_seqs}"
             )
         self.kv_cache.check_integrity(self.running)
+        self.sessions.check_integrity()

@@ -27,6 +27,9 @@ from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.request import FinishReason, SamplingParams
+from heddle.sessions.manager import recompute_cost_of
+from heddle.sessions.retention import Costs
+from heddle.sessions.session import session_info
 
 __all__ = ["Engine", "EngineTokenizer"]
 
@@ -69,6 +72,9 @@ class Engine:
             namespace=kv_namespace,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.clock, policy)
+        recompute = recompute_cost_of(executor)
+        if recompute is not None:
+            self.scheduler.sessions.costs = Costs(recompute)
         self.inputs = InputProcessor(
             eos_token_id=eos_token_id, max_model_len=max_model_len, vocab_size=vocab_size
         )
@@ -140,13 +146,26 @@ class Engine:
         output_len_hint: int | None = None,
         true_output_len: int | None = None,
         cache_salt: str | None = None,
+        session_id: str | None = None,
+        parent_session_id: str | None = None,
+        expected_pause: float | None = None,
+        close_session: bool = False,
+        tool: str | None = None,
     ) -> None:
         """Queue a request (n sequences when params.n > 1): all of them, or none.
+
+        `session_id` makes it a turn of an agent session (heddle/sessions): its KV may stay
+        parked for the session's next turn; `close_session` ends the session with this turn.
 
         Raises InvalidRequestError, or QueueFullError when the waiting queue is at its bound.
         """
         if request_id in self.outputs:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        session = session_info(
+            session_id, parent_session_id, expected_pause, close_session, tool
+        )
+        if session is not None and params.n > 1:
+            raise InvalidRequestError("a session's turn must have n=1", "n")
         requests = self.inputs.make_requests(
             request_id,
             prompt_token_ids,
@@ -160,6 +179,7 @@ class Engine:
             output_len_hint=output_len_hint,
             true_output_len=true_output_len,
             cache_salt=cache_salt,
+            session=session,
         )
         self.scheduler.add_requests(requests)
         self.outputs.add(request_id, prompt, prompt_token_ids, requests)
@@ -257,7 +277,12 @@ class Engine:
         )
 
     def check_integrity(self) -> None:
-        """The scheduler and KV pool are consistent; with no request left, every block is free."""
+        """The scheduler and KV pool are consistent; with no request left, every block not
+        parked for a session is free."""
         self.scheduler.check_integrity()
-        if not self.scheduler.requests and self.kv_cache.num_used_blocks:
-            raise AssertionError(f"{self.kv_cache.num_used_blocks} KV blocks leaked")
+        kv = self.kv_cache
+        if not self.scheduler.requests and kv.num_used_blocks != kv.num_parked_blocks:
+            raise AssertionError(
+                f"{kv.num_used_blocks - kv.num_parked_blocks} KV blocks leaked "
+                f"({kv.num_parked_blocks} parked)"
+            )

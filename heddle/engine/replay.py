@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from heddle.engine.engine import Engine
 from heddle.errors import HeddleError
@@ -94,6 +95,7 @@ def replay(
                     ttft_slo=request.ttft_slo,
                     tpot_slo=request.tpot_slo,
                     true_output_len=request.output_len,
+                    **session_fields(request),
                 )
             except HeddleError as exc:
                 result.rejected.append((request.request_id, str(exc)))
@@ -138,7 +140,22 @@ def replay(
     if agents is not None:
         result.programs = agents.program_records()
     engine.check_integrity()
+    engine.scheduler.sessions.release_all()  # what a failed program left parked
+    engine.check_integrity()
     return result
+
+
+def session_fields(request: WorkloadRequest) -> dict[str, Any]:
+    """Engine.add_request's session arguments for an agent program's call (none otherwise)."""
+    if request.program_id is None:
+        return {}
+    return {
+        "session_id": request.program_id,
+        "parent_session_id": request.parent_program_id,
+        "expected_pause": request.expected_pause,
+        "close_session": request.last_call,
+        "tool": request.tool,
+    }
 
 
 class _Progress:

@@ -26,7 +26,8 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     prompt = await _prompt(state, body)
     params = body.sampling_params(body.max_output_tokens, body.num_logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await submit(state, request_id, [prompt], params, body.scheduling_hints())
+    hints = body.scheduling_hints(raw.headers)
+    streams = await submit(state, request_id, [prompt], params, hints)
     view = _View(state, body, request_id)
     if body.stream:
         return AbortingStreamingResponse(view.stream(streams[0]), state, streams)

@@ -36,7 +36,10 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     prompts = await _prompts(state, body.prompt)
     params = body.sampling_params(body.max_tokens, body.logprobs)
     request_id = f"cmpl-{uuid.uuid4().hex}"
-    streams = await submit(state, request_id, prompts, params, body.scheduling_hints())
+    hints = body.scheduling_hints(raw.headers)
+    if len(prompts) > 1 and hints.get("session_id") is not None:
+        raise InvalidRequestError("a session's turn has one prompt", "session_id")
+    streams = await submit(state, request_id, prompts, params, hints)
     view = _View(state, body, request_id, len(prompts))
     if body.stream:
         return AbortingStreamingResponse(view.stream(streams), state, streams)

@@ -6,16 +6,19 @@ Unknown fields are ignored, as vLLM and llama.cpp do; fields heddle knows but ca
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from heddle.errors import InvalidRequestError
 from heddle.request import SamplingParams
+from heddle.sessions.session import MAX_SESSION_ID_LEN
 
 MAX_N = 16  # completions per request
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's limit
 MAX_STOP = 16  # stop strings per request
+SESSION_HEADER = "x-session-id"  # the session id as a header (HTTP headers ignore case)
 
 NonNegInt = Annotated[int, Field(ge=0)]
 
@@ -53,6 +56,12 @@ class _CommonRequest(BaseModel):
     request_class: str | None = Field(None, max_length=64)
     ttft_slo: float | None = Field(None, gt=0.0)  # seconds
     tpot_slo: float | None = Field(None, gt=0.0)  # seconds
+    # heddle extensions: the agent session this request is a turn of (heddle/sessions). The
+    # session id may also come as the `X-Session-Id` header.
+    session_id: str | None = Field(None, min_length=1, max_length=MAX_SESSION_ID_LEN)
+    parent_session_id: str | None = Field(None, min_length=1, max_length=MAX_SESSION_ID_LEN)
+    expected_pause: float | None = Field(None, ge=0.0)  # seconds until the next turn
+    close_session: bool = False  # the session's last turn: nothing stays parked after it
 
     @property
     def include_usage(self) -> bool:
@@ -88,15 +97,42 @@ class _CommonRequest(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
         )
 
-    def scheduling_hints(self) -> dict[str, Any]:
-        """Engine.add_request's keyword arguments for the policies."""
-        return {
+    def scheduling_hints(self, headers: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Engine.add_request's keyword arguments for the policies (and the session)."""
+        hints: dict[str, Any] = {
             "priority": self.priority,
             "user": self.user,
             "request_class": self.request_class or "default",
             "ttft_slo": self.ttft_slo,
             "tpot_slo": self.tpot_slo,
         }
+        session_id = self.session_id
+        header = headers.get(SESSION_HEADER) if headers is not None else None
+        if header is not None:
+            if session_id is not None and header != session_id:
+                raise InvalidRequestError(
+                    f"the {SESSION_HEADER} header and session_id name different sessions",
+                    "session_id",
+                )
+            if not 0 < len(header) <= MAX_SESSION_ID_LEN:
+                raise InvalidRequestError(
+                    f"the {SESSION_HEADER} header must be 1-{MAX_SESSION_ID_LEN} characters",
+                    "session_id",
+                )
+            session_id = header
+        if (
+            session_id is not None
+            or self.parent_session_id is not None
+            or self.expected_pause is not None
+            or self.close_session
+        ):
+            hints.update(
+                session_id=session_id,
+                parent_session_id=self.parent_session_id,
+                expected_pause=self.expected_pause,
+                close_session=self.close_session,
+            )
+        return hints
 
 
 class CompletionRequest(_CommonRequest):

@@ -9,12 +9,13 @@ see plain numbers (`ParkedView`, `Pressure`) and the engine's costs (`Costs`), n
   LRU order, findable by the prefix cache until reused.
 - `ttl`: a fixed pin (Continuum-like). Every session is kept for `ttl` seconds, whatever the
   pressure, then released to the free list.
-- `cost`: heddle's decision. Keeping costs the time the memory is held (the expected *remaining*
-  pause, from heddle.sessions.pauses) times the waiting work that memory would serve; dropping
-  costs recomputing the context (the executor's cost model), charged twice: the program waits
-  for it and the engine spends it; offloading costs the copy out and back (the tier's bandwidth)
-  while the second tier has room. No pressure, no cost to keeping. Under pressure sessions give
-  their memory up in order of what keeping them wastes, not in LRU order.
+- `cost`: heddle's decision, InferCept's waste measure (Abhyankar et al., ICML'24) in
+  block-seconds: keeping wastes the blocks others want (`min(held, shortage)`) for the expected
+  *remaining* pause (heddle.sessions.pauses: it grows while a heavy-tailed tool runs long);
+  dropping wastes the recompute time of the context (the executor's cost model) times the
+  memory of the batch it stalls plus its own; offloading wastes the copy time (the second
+  tier's bandwidth) likewise, while the tier has room. No pressure, no waste in keeping. Under
+  pressure sessions give their memory up in order of what keeping them wastes, not LRU.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Pressure:
     num_blocks_wanted: int  # by requests waiting for memory (running growth included)
     num_waiting: int  # requests that cannot start for lack of memory
     num_host_free_blocks: int = 0  # room left in the second tier
+    num_running_blocks: int = 0  # blocks of the running requests (the batch a recompute stalls)
 
     @property
     def shortage(self) -> int:
@@ -70,6 +72,7 @@ class Costs:
 class RetentionPolicy:
     name = "base"
     parks = True  # False: finished turns release their blocks at once (no parking)
+    pin_seconds: float | None = None  # a fixed pin: sessions are released after this long
 
     def on_park(self, view: ParkedView, pressure: Pressure, costs: Costs) -> Retention:
         return Retention.KEEP
@@ -83,7 +86,7 @@ class RetentionPolicy:
 
     def pin_expired(self, view: ParkedView, now: float) -> bool:
         """Whether a kept session's pin ran out (released to the free list)."""
-        return False
+        return self.pin_seconds is not None and now - view.parked_at >= self.pin_seconds
 
 
 class LRURetention(RetentionPolicy):
@@ -104,10 +107,17 @@ class TTLRetention(RetentionPolicy):
     def __init__(self, ttl: float = 2.0) -> None:
         if not ttl > 0:
             raise HeddleError(f"retention ttl must be positive, got {ttl}")
-        self.ttl = float(ttl)
+        self.ttl = self.pin_seconds = float(ttl)
 
-    def pin_expired(self, view: ParkedView, now: float) -> bool:
-        return now - view.parked_at >= self.ttl
+    def reclaim_order(
+        self, parked: Sequence[ParkedView], pressure: Pressure, costs: Costs, *, must: bool
+    ) -> list[tuple[ParkedView, Retention]]:
+        """A pin holds against waiting requests; a running one that would be preempted takes
+        the oldest pins first."""
+        if not must:
+            return []
+        ordered = sorted(parked, key=lambda v: (v.parked_at, v.session_id))
+        return [(view, Retention.DROP) for view in ordered if view.num_blocks > 0]
 
 
 class CostRetention(RetentionPolicy):
@@ -115,34 +125,38 @@ class CostRetention(RetentionPolicy):
 
     name = "cost"
 
-    def __init__(self, recompute_weight: float = 2.0, copy_weight: float = 1.0) -> None:
+    def __init__(self, recompute_weight: float = 1.0, copy_weight: float = 1.0) -> None:
         if recompute_weight <= 0 or copy_weight <= 0:
             raise HeddleError("retention weights must be positive")
         self.recompute_weight = float(recompute_weight)
         self.copy_weight = float(copy_weight)
 
     def keep_cost(self, view: ParkedView, pressure: Pressure) -> float:
-        """Seconds of waiting work delayed while this session holds its blocks."""
+        """Block-seconds that waiting work is kept from while this session holds its blocks."""
         shortage = pressure.shortage
         if shortage <= 0 or view.num_blocks <= 0:
             return 0.0
-        displaced = max(1, pressure.num_waiting) * min(1.0, view.num_blocks / shortage)
-        return view.expected_remaining * displaced
+        return view.expected_remaining * min(view.num_blocks, shortage)
 
-    def drop_cost(self, view: ParkedView, costs: Costs) -> float:
-        return self.recompute_weight * costs.recompute_seconds(view.num_tokens)
+    def _stalled_blocks(self, view: ParkedView, pressure: Pressure) -> int:
+        return pressure.num_running_blocks + view.num_blocks
+
+    def drop_cost(self, view: ParkedView, pressure: Pressure, costs: Costs) -> float:
+        seconds = costs.recompute_seconds(view.num_tokens)
+        return self.recompute_weight * seconds * self._stalled_blocks(view, pressure)
 
     def offload_cost(self, view: ParkedView, pressure: Pressure, costs: Costs) -> float:
         if costs.copy_seconds is None or view.num_blocks > pressure.num_host_free_blocks:
             return math.inf
-        return self.copy_weight * costs.copy_seconds(view.num_blocks)
+        seconds = costs.copy_seconds(view.num_blocks)
+        return self.copy_weight * seconds * self._stalled_blocks(view, pressure)
 
     def release_choice(
         self, view: ParkedView, pressure: Pressure, costs: Costs
     ) -> tuple[Retention, float]:
         """How this session would give its memory up, and what that costs."""
         offload = self.offload_cost(view, pressure, costs)
-        drop = self.drop_cost(view, costs)
+        drop = self.drop_cost(view, pressure, costs)
         return (Retention.OFFLOAD, offload) if offload <= drop else (Retention.DROP, drop)
 
     def on_park(self, view: ParkedView, pressure: Pressure, costs: Costs) -> Retention:

@@ -64,16 +64,19 @@ def test_cost_keeps_without_pressure_and_weighs_pause_against_recompute() -> Non
     policy = CostRetention()
     calm = Pressure(num_free_blocks=1000, num_blocks_wanted=10, num_waiting=1)
     assert policy.on_park(_view(remaining=1e6), calm, COSTS) is Retention.KEEP
-    tight = Pressure(num_free_blocks=0, num_blocks_wanted=100, num_waiting=1)
+    # 300 blocks run; a shortage of 50 blocks. Keeping wastes remaining x 50 block-seconds;
+    # dropping recomputes 1600 tokens (0.16 s) while 300 + 100 blocks wait: 64 block-seconds.
+    tight = Pressure(0, 50, 1, num_running_blocks=300)
     no_tier = Costs(recompute_seconds=COSTS.recompute_seconds)
-    # recompute of 1600 tokens = 0.16 s, x2: keep if the pause is shorter than 0.32 s.
-    assert policy.on_park(_view(remaining=0.2), tight, no_tier) is Retention.KEEP
-    assert policy.on_park(_view(remaining=1.0), tight, no_tier) is Retention.DROP
+    assert policy.keep_cost(_view(remaining=1.0), tight) == pytest.approx(50.0)
+    assert policy.drop_cost(_view(), tight, no_tier) == pytest.approx(64.0)
+    assert policy.on_park(_view(remaining=1.2), tight, no_tier) is Retention.KEEP
+    assert policy.on_park(_view(remaining=1.4), tight, no_tier) is Retention.DROP
     # With a second tier that has room, a copy (1 ms) beats recompute.
-    roomy = Pressure(0, 100, 1, num_host_free_blocks=1000)
-    assert policy.on_park(_view(remaining=1.0), roomy, COSTS) is Retention.OFFLOAD
-    full = Pressure(0, 100, 1, num_host_free_blocks=10)
-    assert policy.on_park(_view(remaining=1.0), full, COSTS) is Retention.DROP
+    roomy = Pressure(0, 50, 1, num_host_free_blocks=1000, num_running_blocks=300)
+    assert policy.on_park(_view(remaining=1.4), roomy, COSTS) is Retention.OFFLOAD
+    full = Pressure(0, 50, 1, num_host_free_blocks=10, num_running_blocks=300)
+    assert policy.on_park(_view(remaining=1.4), full, COSTS) is Retention.DROP
 
 
 def test_reclaim_order_follows_waste_not_age() -> None:
@@ -95,7 +98,12 @@ def test_named_policies() -> None:
     ttl = make_retention("ttl", ttl=3.0)
     assert ttl.on_park(_view(), Pressure(0, 10**6, 99), COSTS) is Retention.KEEP
     assert not ttl.pin_expired(_view(), 2.9) and ttl.pin_expired(_view(), 3.0)
-    assert ttl.reclaim_order([_view()], Pressure(0, 10**6, 99), COSTS, must=True) == []
+    # A pin holds against waiting requests; a running one that would be preempted takes the
+    # oldest pins first.
+    young, old = ParkedView("young", 10, 160, 5.0, 1.0), ParkedView("old", 10, 160, 1.0, 1.0)
+    assert ttl.reclaim_order([young, old], Pressure(0, 10**6, 99), COSTS, must=False) == []
+    forced = ttl.reclaim_order([young, old], Pressure(0, 10**6, 99), COSTS, must=True)
+    assert [v.session_id for v, _ in forced] == ["old", "young"]
     with pytest.raises(HeddleError, match="unknown retention"):
         make_retention("forever")
     with pytest.raises(HeddleError, match="bad options"):

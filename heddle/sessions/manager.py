@@ -1,0 +1,291 @@
+"""The sessions' side of the scheduler: park a turn's KV when it ends, hand it to the next turn,
+give it up when the retention policy says so.
+
+The mechanism is small. When a turn of a session ends (not aborted, not the session's last), the
+KV manager keeps one reference to each cached full block of its context (`KVCacheManager.park`):
+those blocks leave the free pool, so LRU eviction cannot take them, and the prefix cache still
+finds them. The next turn's prompt starts with that context, so admission finds the blocks as a
+cached prefix and takes its own references; then the session's hold is dropped (`unpark`). A
+parked session is released (its blocks go back to the free pool, still cached until reused):
+
+- at once, when the retention policy says DROP as it parks (or the policy does not park: `lru`);
+- when its pin runs out (`ttl`) or, whatever the policy, after `max_park_seconds` (a client
+  that vanished leaks nothing);
+- under pressure: when a running request needs blocks (otherwise one would be preempted), or a
+  waiting one cannot start, the policy names sessions in its order (`reclaim_order`), not LRU;
+- when its turn is aborted or the session is closed (`close_session` on its last turn).
+
+What the policy weighs comes from here: the expected remaining pause (heddle.sessions.pauses,
+learned from the gaps between a session's turns, the hint as prior), the context's recompute
+cost (the executor's cost model), the waiting requests' demand for blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from heddle.core.kv_cache import KVCacheManager
+from heddle.errors import InvalidRequestError
+from heddle.request import FinishReason, Request
+from heddle.sessions.pauses import PauseEstimator
+from heddle.sessions.retention import (
+    Costs,
+    LRURetention,
+    ParkedView,
+    Pressure,
+    Retention,
+    RetentionPolicy,
+)
+
+DEFAULT_MAX_PARK_SECONDS = 600.0  # no parked KV outlives this, whatever the policy
+DEFAULT_RECOMPUTE_SECONDS_PER_TOKEN = 2e-4  # when the executor has no cost model
+RECLAIM_RETRY_SECONDS = 0.1  # a futile reclaim is retried after this (pauses' estimates move)
+
+
+@dataclass(slots=True)
+class _Parked:
+    session_id: str
+    parked_at: float
+    num_tokens: int  # tokens of context the held blocks cover
+    tool: str | None
+    hint: float | None
+    resumed: bool = False  # its next turn has arrived (and waits for a seat)
+
+
+@dataclass(slots=True)
+class SessionStats:
+    """Counters over a run (what the experiments report)."""
+
+    num_parked: int = 0  # turns whose KV was parked
+    num_resumed_kept: int = 0  # next turns that found their session's blocks still held
+    num_released_pressure: int = 0  # sessions released under pressure
+    num_released_expired: int = 0  # sessions released by their pin or the hard limit
+    num_released_on_park: int = 0  # sessions the policy dropped as they parked
+    blocks_released_pressure: int = 0
+
+
+class SessionManager:
+    """Parked sessions of one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        retention: RetentionPolicy | None = None,
+        *,
+        estimator: PauseEstimator | None = None,
+        costs: Costs | None = None,
+        max_park_seconds: float = DEFAULT_MAX_PARK_SECONDS,
+    ) -> None:
+        if not max_park_seconds > 0:
+            raise ValueError("max_park_seconds must be positive")
+        self.kv = kv_cache
+        self.retention = retention or LRURetention()
+        self.estimator = estimator or PauseEstimator()
+        self.costs = costs or Costs(lambda n: n * DEFAULT_RECOMPUTE_SECONDS_PER_TOKEN)
+        self.max_park_seconds = max_park_seconds
+        self.parked: dict[str, _Parked] = {}
+        self._last_end: dict[str, tuple[float, str | None]] = {}  # session -> (end, its tool)
+        self._in_flight: set[str] = set()  # sessions with a turn queued or running
+        # A reclaim that freed nothing is not retried for the same state until time moves on
+        # (the admission loop asks every step while a request waits for memory).
+        self._futile: tuple[object, ...] | None = None
+        self._futile_until = 0.0
+        self.stats = SessionStats()
+
+    @property
+    def enabled(self) -> bool:
+        return self.retention.parks
+
+    # -- scheduler hooks --------------------------------------------------------------------
+    def on_arrival(self, request: Request) -> None:
+        """A turn arrived: learn the pause that ended, mark the session's parked KV as wanted."""
+        session = request.session
+        if session is None:
+            return
+        sid = session.session_id
+        if sid in self._in_flight:
+            raise InvalidRequestError(
+                f"session {sid!r} already has a turn in flight; send its next turn after it",
+                "session_id",
+            )
+        self._in_flight.add(sid)
+        last = self._last_end.pop(sid, None)
+        if last is not None:
+            self.estimator.observe(sid, last[1], max(0.0, request.arrival_time - last[0]))
+        parked = self.parked.get(sid)
+        if parked is not None:
+            parked.resumed = True
+
+    def on_admitted(self, request: Request) -> None:
+        """The turn holds its blocks now (found as a cached prefix): drop the session's hold."""
+        session = request.session
+        if session is None:
+            return
+        if self.parked.pop(session.session_id, None) is not None:
+            self.stats.num_resumed_kept += 1
+            self.kv.unpark(session.session_id)
+
+    def on_finished(
+        self, request: Request, reason: FinishReason, now: float, waiting: Iterable[Request]
+    ) -> None:
+        """The turn ended (called before its blocks are freed): park its context, or not."""
+        session = request.session
+        if session is None:
+            return
+        sid = session.session_id
+        self._in_flight.discard(sid)
+        if reason is FinishReason.ABORT or session.close:
+            self._release(sid)
+            self._last_end.pop(sid, None)
+            self.estimator.forget(sid)
+            return
+        self._last_end[sid] = (now, session.tool)
+        if not self.enabled:
+            return
+        num_blocks = self.kv.park(sid, request)
+        if num_blocks == 0:
+            self.parked.pop(sid, None)
+            return
+        parked = _Parked(sid, now, num_blocks * self.kv.block_size, session.tool,
+                         session.expected_pause)
+        self.parked[sid] = parked
+        self.stats.num_parked += 1
+        pressure = pressure_of(waiting, self.kv)
+        choice = self.retention.on_park(self._view(parked, now), pressure, self.costs)
+        if choice is not Retention.KEEP:
+            self.stats.num_released_on_park += 1
+            self._release(sid)
+
+    def expire(self, now: float) -> None:
+        """Release sessions whose pin ran out (the policy's, or the hard limit)."""
+        if not self.parked:
+            return
+        pin = self.retention.pin_seconds
+        limit = self.max_park_seconds if pin is None else min(pin, self.max_park_seconds)
+        expired = []
+        for parked in self.parked.values():  # in parking order: the oldest first
+            if now - parked.parked_at < limit:
+                break
+            if not parked.resumed:
+                expired.append(parked.session_id)
+        for session_id in expired:
+            self.stats.num_released_expired += 1
+            self._release(session_id)
+
+    def reclaim(
+        self,
+        num_blocks: int,
+        waiting: Iterable[Request],
+        now: float,
+        *,
+        must: bool,
+        exclude: str | None = None,
+    ) -> bool:
+        """Free parked blocks until `num_blocks` are free, in the policy's order. `must`: the
+        alternative is preempting a running request (or nothing can run). `exclude`: the session
+        of the request that wants the blocks. True if it freed any."""
+        if not self.parked or self.kv.num_free_blocks >= num_blocks:
+            return False
+        state = (self.kv.num_free_blocks, len(self.parked), num_blocks, must, exclude)
+        if state == self._futile and now < self._futile_until:
+            return False
+        views = [self._view(p, now) for p in self.parked.values() if p.session_id != exclude]
+        if not views:
+            return False
+        extra = max(0, num_blocks - self.kv.num_free_blocks)
+        pressure = pressure_of(waiting, self.kv, extra)
+        freed = False
+        for view, _choice in self.retention.reclaim_order(views, pressure, self.costs, must=must):
+            if self.kv.num_free_blocks >= num_blocks:
+                break
+            before = self.kv.num_free_blocks
+            self._release(view.session_id)
+            self.stats.num_released_pressure += 1
+            self.stats.blocks_released_pressure += self.kv.num_free_blocks - before
+            freed = True
+        if not freed:
+            self._futile, self._futile_until = state, now + RECLAIM_RETRY_SECONDS
+        return freed
+
+    def release_all(self) -> None:
+        """Release every parked session (the engine shuts down, or a run ends)."""
+        for sid in list(self.parked):
+            self._release(sid)
+        self._last_end.clear()
+
+    # -- queries ----------------------------------------------------------------------------
+    def has_parked(self, request: Request) -> bool:
+        """Whether the request's session has KV parked (its turn holds its memory already)."""
+        session = request.session
+        return session is not None and session.session_id in self.parked
+
+    @property
+    def num_parked_blocks(self) -> int:
+        return self.kv.num_parked_blocks
+
+    def parked_views(self, now: float) -> list[ParkedView]:
+        return [self._view(p, now) for p in self.parked.values()]
+
+    def check_integrity(self) -> None:
+        if set(self.parked) != set(self.kv.parked_sessions):
+            raise AssertionError(
+                f"sessions parked {sorted(self.parked)} but the KV manager holds blocks for "
+                f"{sorted(self.kv.parked_sessions)}"
+            )
+
+    # -- internals --------------------------------------------------------------------------
+    def _view(self, parked: _Parked, now: float) -> ParkedView:
+        if parked.resumed:
+            remaining = 0.0
+        else:
+            estimate = self.estimator.estimate(parked.session_id, parked.tool, parked.hint)
+            remaining = estimate.remaining(now - parked.parked_at)
+        return ParkedView(
+            session_id=parked.session_id,
+            num_blocks=self.kv.num_freeable_parked_blocks(parked.session_id),
+            num_tokens=parked.num_tokens,
+            parked_at=parked.parked_at,
+            expected_remaining=remaining,
+        )
+
+    def _release(self, session_id: str) -> None:
+        self.parked.pop(session_id, None)
+        self.kv.unpark(session_id)
+        self._futile = None
+
+
+def pressure_of(
+    waiting: Iterable[Request], kv: KVCacheManager, extra_blocks: int = 0, limit: int = 64
+) -> Pressure:
+    """The demand for blocks: the first `limit` waiting requests' prompts, plus `extra_blocks`
+    a running request needs now."""
+    wanted = extra_blocks
+    num_waiting = 0
+    for request in itertools.islice(waiting, limit):
+        wanted += kv.blocks_needed(request.num_tokens + 1)
+        num_waiting += 1
+    return Pressure(
+        num_free_blocks=kv.num_free_blocks,
+        num_blocks_wanted=wanted,
+        num_waiting=max(num_waiting, 1 if extra_blocks else 0),
+        num_running_blocks=kv.num_used_blocks - kv.num_parked_blocks,
+    )
+
+
+def recompute_cost_of(executor: object) -> Callable[[int], float] | None:
+    """Seconds to recompute n tokens of context, from the executor's cost model (simulator)."""
+    cost_model = getattr(executor, "cost_model", None)
+    if cost_model is None:
+        return None
+    from heddle.sim.cost_model import StepShape
+
+    @functools.lru_cache(maxsize=4096)
+    def seconds(num_tokens: int) -> float:
+        if num_tokens < 2:
+            return 0.0
+        return float(cost_model.step_time(StepShape(((num_tokens, num_tokens),), (), 1)))
+
+    return seconds
