@@ -81,7 +81,8 @@ def test_in_the_scheduler_a_new_program_overtakes_a_long_one():
         sched.update(out, sample_all(out))
     # The long program's next turn and a new program's first arrive together.
     sched.add_request(_call("long-1", "long", prompt_len=14, max_tokens=2, arrival=1.0))
-    sched.add_request(_call("new-0", "new", prompt_len=8, max_tokens=2, arrival=2.0, first_token=500))
+    new = _call("new-0", "new", prompt_len=8, max_tokens=2, arrival=2.0, first_token=500)
+    sched.add_request(new)
     out = sched.schedule()
     assert [s.request_id for s in out.scheduled] == ["new-0"]
 
