@@ -1,0 +1,406 @@
+"""Agent sessions: retention of paused programs' KV x program-level scheduling (docs/AGENTS.md).
+
+Each point runs one agent workload through the real Engine, Scheduler, KV manager and session
+manager with a scheduling policy (fcfs or plas) and a retention policy (lru: nothing parked, what
+engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop decision):
+
+  sim   on a virtual clock with the roofline cost model (Llama-3.1-8B on one H100 by default),
+        at a KV pool small enough that KV memory binds;
+  real  on the embedded model (SmolLM2-135M, CPU) in real time, at a scaled size.
+
+    python benchmarks/agents_sessions.py sim --output-dir results/agents
+    python benchmarks/agents_sessions.py sim --workloads agent-swe --loads 0.3 \
+        --workload-option tool_time_factor=10            # tools 10x slower than announced
+    python benchmarks/agents_sessions.py real --workloads agent-bfcl --loads 0.5 --num-programs 8
+
+Per point: program completion time (mean, p50, p95), per-call TTFT (mean, p95), program
+throughput, tokens computed and recomputed (computed beyond what the programs' new tokens need:
+prefix evictions and preemptions), preemptions, and the parked share of the KV pool over time
+(a plot per workload and load with --output-dir). Every run ends with zero leaked blocks
+(Engine.check_integrity after releasing what is still parked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heddle.clock import Clock, VirtualClock, WallClock
+from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
+from heddle.core.outputs import ExecutorOutput, SchedulerOutput
+from heddle.engine.engine import Engine
+from heddle.engine.replay import ReplayResult, replay
+from heddle.metrics.stats import percentile
+from heddle.sessions.retention import Costs
+from heddle.workloads import Workload, get_workload
+from heddle.workloads.agent import AgentProgram
+
+CONFIGS = ("fcfs:lru", "fcfs:ttl", "fcfs:cost", "plas:lru", "plas:ttl", "plas:cost")
+SIM_EOS = 2
+
+
+@dataclass
+class Point:
+    workload: str
+    load: float  # programs per second
+    policy: str
+    retention: str
+    num_programs: int
+    completed: int
+    pct_mean: float
+    pct_p50: float
+    pct_p95: float
+    ttft_mean: float
+    ttft_p95: float
+    throughput: float  # programs per second
+    tokens_computed: int
+    tokens_recomputed: int
+    preemptions: int
+    kv_used_mean: float  # share of the pool in use, averaged over steps
+    parked_mean: float  # share of the pool held by parked sessions, averaged over steps
+    sessions: dict[str, int] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    parked_series: list[tuple[float, float]] = field(default_factory=list)
+
+
+class SamplingExecutor:
+    """Wraps an executor; after every step samples the parked and used shares of the pool."""
+
+    def __init__(self, inner: Any, clock: Clock) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.cost_model = getattr(inner, "cost_model", None)  # heddle.sessions' recompute costs
+        self.engine: Engine | None = None
+        self.samples: list[tuple[float, int, int]] = []  # (time, parked blocks, used blocks)
+        self.tokens_computed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        output = self.inner.execute(scheduler_output)
+        self.tokens_computed += scheduler_output.num_scheduled_tokens
+        if self.engine is not None:
+            kv = self.engine.kv_cache
+            self.samples.append((self.clock.now(), kv.num_parked_blocks, kv.num_used_blocks))
+        return output
+
+
+def minimum_tokens(workload: Workload, result: ReplayResult) -> int:
+    """Tokens a run must compute if no session ever recomputes: each call's new prompt tokens
+    (what its context adds to what the program computed before, a shared system prompt once)
+    and its outputs but the last (sampled, never fed back)."""
+    records = {r.request_id: r for r in result.records}
+    seen_prefixes: set[tuple[tuple[str, int], ...]] = set()
+    total = 0
+
+    def walk(program: AgentProgram, inherited_first: int) -> None:
+        nonlocal total
+        inherited = inherited_first
+        for k, call in enumerate(program.calls):
+            record = records.get(program.request_id(k))
+            if record is None:
+                return
+            output = len(record.token_times)
+            total += max(0, record.num_prompt_tokens - inherited) + max(0, output - 1)
+            for child in call.subagents:
+                walk(child, record.num_prompt_tokens + output - 1)
+            inherited = record.num_prompt_tokens + output - 1
+
+    for program in workload.programs:
+        # The prefix cache finds a shared prefix only as a chain from the prompt's start.
+        shared = 0
+        segments = program.shared_prefix
+        for i in range(len(segments)):
+            if segments[: i + 1] not in seen_prefixes:
+                break
+            shared += segments[i][1]
+        for i in range(len(segments)):
+            seen_prefixes.add(segments[: i + 1])
+        walk(program, shared)
+    return total
+
+
+def run_point(
+    mode: str,
+    workload_name: str,
+    load: float,
+    config_name: str,
+    args: argparse.Namespace,
+    executor_factory: Any,
+    num_blocks: int,
+    vocab_size: int,
+    max_model_len: int | None,
+    recompute: Costs | None,
+    tokenizer: Any = None,
+    eos_token_id: int | None = SIM_EOS,
+) -> Point:
+    policy, retention = config_name.split(":")
+    options = parse_options(args.workload_option)
+    workload = get_workload(
+        workload_name, seed=args.seed, num_requests=args.num_programs, rate=load, **options
+    )
+    retention_options: dict[str, object] = {"ttl": args.ttl} if retention == "ttl" else {}
+    config = EngineConfig(
+        cache=CacheConfig(block_size=args.block_size),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            policy=policy,
+            retention=retention,
+            retention_options=retention_options,
+        ),
+    )
+    clock: Clock = VirtualClock() if mode == "sim" else WallClock()
+    executor = SamplingExecutor(executor_factory(clock), clock)
+    engine = Engine(
+        config,
+        executor,
+        num_blocks=num_blocks,
+        clock=clock,
+        tokenizer=tokenizer,
+        eos_token_id=eos_token_id,
+        max_model_len=max_model_len,
+        vocab_size=vocab_size,
+        final_outputs_only=True,
+    )
+    if recompute is not None:
+        engine.scheduler.sessions.costs = recompute
+    executor.engine = engine
+    start = time.perf_counter()
+    result = replay(engine, workload, vocab_size=vocab_size)  # ends with check_integrity
+    wall = time.perf_counter() - start
+    if engine.kv_cache.num_used_blocks:
+        raise AssertionError(f"{engine.kv_cache.num_used_blocks} blocks leaked")
+    pcts = [p.completion_time for p in result.programs if p.completion_time is not None]
+    ttfts = [
+        r.first_token_time - r.arrival_time
+        for r in result.records
+        if r.first_token_time is not None
+    ]
+    minimum = minimum_tokens(workload, result)
+    samples = executor.samples
+    t0 = result.start_time
+    step = max(1, len(samples) // 400)
+    stats = engine.scheduler.sessions.stats
+    return Point(
+        workload=workload_name,
+        load=load,
+        policy=policy,
+        retention=retention,
+        num_programs=len(result.programs),
+        completed=len(pcts),
+        pct_mean=statistics.fmean(pcts) if pcts else math.nan,
+        pct_p50=_pct(pcts, 50),
+        pct_p95=_pct(pcts, 95),
+        ttft_mean=statistics.fmean(ttfts) if ttfts else math.nan,
+        ttft_p95=_pct(ttfts, 95),
+        throughput=len(pcts) / result.elapsed if result.elapsed else 0.0,
+        tokens_computed=executor.tokens_computed,
+        tokens_recomputed=executor.tokens_computed - minimum,
+        preemptions=result.num_preemptions,
+        kv_used_mean=statistics.fmean(u for _, _, u in samples) / num_blocks if samples else 0,
+        parked_mean=statistics.fmean(p for _, p, _ in samples) / num_blocks if samples else 0,
+        sessions=asdict(stats),
+        wall_seconds=wall,
+        parked_series=[(t - t0, p / num_blocks) for t, p, _ in samples[::step]],
+    )
+
+
+def _pct(values: list[float], q: float) -> float:
+    return percentile(sorted(values), q) if values else math.nan
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def sim_setup(args: argparse.Namespace) -> dict[str, Any]:
+    from heddle.sim import RooflineCostModel, load_hardware_spec, load_model_spec
+    from heddle.sim.executor import SimulatedExecutor
+
+    model = load_model_spec(args.model)
+    hardware = load_hardware_spec(args.hardware)
+    cost = RooflineCostModel(model, hardware, tp=1)
+    vocab = model.vocab_size
+    return {
+        "executor_factory": lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab),
+        "num_blocks": args.num_blocks,
+        "vocab_size": vocab,
+        "max_model_len": None,
+        "recompute": None,  # from the cost model (heddle.sessions.manager.recompute_cost_of)
+        "describe": f"simulator: {args.model} on one {args.hardware} (roofline), "
+        f"{args.num_blocks} KV blocks of {args.block_size} tokens",
+    }
+
+
+def real_setup(args: argparse.Namespace) -> dict[str, Any]:
+    from heddle.config import ModelConfig
+    from heddle.model.executor import ModelExecutor
+
+    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks)
+    executor = ModelExecutor(ModelConfig(num_threads=args.threads), cache)
+    seconds_per_token = measure_prefill(executor, args)
+    return {
+        "executor_factory": lambda clock: executor,
+        "num_blocks": executor.num_blocks,
+        "vocab_size": executor.arch.vocab_size,
+        "max_model_len": executor.max_model_len,
+        "recompute": Costs(lambda n: n * seconds_per_token),
+        "tokenizer": executor.tokenizer,
+        "eos_token_id": executor.eos_token_id,
+        "describe": f"real engine: SmolLM2-135M Q4_1 on CPU, {args.threads} threads, "
+        f"{executor.num_blocks} KV blocks of {args.block_size} tokens, measured prefill "
+        f"{seconds_per_token * 1e3:.3f} ms/token",
+    }
+
+
+def measure_prefill(executor: Any, args: argparse.Namespace) -> float:
+    """Seconds per prefill token of the real model (median of 3 prompts of 256 tokens)."""
+    from heddle.request import SamplingParams
+
+    config = EngineConfig(cache=CacheConfig(block_size=args.block_size))
+    times = []
+    for i in range(4):
+        engine = Engine(
+            config,
+            executor,
+            num_blocks=executor.num_blocks,
+            eos_token_id=executor.eos_token_id,
+            vocab_size=executor.arch.vocab_size,
+        )
+        prompt = [100 + (7 * j + i) % 5000 for j in range(256)]
+        start = time.perf_counter()
+        engine.add_request(f"warm-{i}", prompt, SamplingParams(max_tokens=1, temperature=0.0))
+        while engine.has_unfinished_requests():
+            engine.step()
+        if i:  # the first one warms up
+            times.append((time.perf_counter() - start) / len(prompt))
+    return statistics.median(times)
+
+
+def machine() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+        name = next(line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line)
+        wanted = ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+        present = set(next(line for line in info.splitlines() if line.startswith("flags")).split())
+        flags = " ".join(f for f in wanted if f in present)
+    except (OSError, StopIteration):
+        name = platform.processor()
+    return f"{name}, {os.cpu_count()} cores ({flags})"
+
+
+def plot_parked(points: list[Point], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    for point in points:
+        if point.retention == "lru":
+            continue
+        xs = [t for t, _ in point.parked_series]
+        ys = [100 * share for _, share in point.parked_series]
+        axes.plot(xs, ys, label=f"{point.policy}+{point.retention}", linewidth=1)
+    first = points[0]
+    axes.set_title(f"{first.workload} at {first.load:g} programs/s: parked share of the KV pool")
+    axes.set_xlabel("time (s)")
+    axes.set_ylabel("parked blocks (% of pool)")
+    axes.legend()
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def table(points: list[Point]) -> str:
+    head = (
+        "| workload | load | policy | retention | PCT mean | p50 | p95 | TTFT mean | TTFT p95 "
+        "| programs/s | computed | recomputed | preempt | KV used | parked |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = [
+        f"| {p.workload} | {p.load:g} | {p.policy} | {p.retention} | {p.pct_mean:.1f} "
+        f"| {p.pct_p50:.1f} | {p.pct_p95:.1f} | {p.ttft_mean:.2f} | {p.ttft_p95:.2f} "
+        f"| {p.throughput:.3f} | {p.tokens_computed / 1e3:.0f}k | {p.tokens_recomputed / 1e3:.0f}k "
+        f"| {p.preemptions} | {100 * p.kv_used_mean:.0f}% | {100 * p.parked_mean:.0f}% |"
+        for p in points
+    ]
+    return head + "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("sim", "real"))
+    parser.add_argument("--workloads", default="agent-swe,agent-bfcl,agent-fanout")
+    parser.add_argument("--loads", default=None, help="programs/s, comma-separated")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="policy:retention,...")
+    parser.add_argument("--num-programs", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--hardware", default="h100")
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--ttl", type=float, default=2.0, help="the fixed pin of `ttl` (s)")
+    parser.add_argument("--threads", type=int, default=2, help="real: torch threads")
+    parser.add_argument("--output-dir", default=None)
+    args = parser.parse_args()
+    sim = args.mode == "sim"
+    if args.num_blocks is None:
+        args.num_blocks = 8000 if sim else 160
+    if args.max_num_batched_tokens is None:
+        args.max_num_batched_tokens = 8192 if sim else 512
+    if args.max_num_seqs is None:
+        args.max_num_seqs = 256 if sim else 16
+    loads = [float(x) for x in (args.loads or ("0.15,0.3,0.45" if sim else "0.5")).split(",")]
+    setup = sim_setup(args) if sim else real_setup(args)
+    describe = setup.pop("describe")
+    print(f"# {describe}; machine: {machine()}", flush=True)
+    points: list[Point] = []
+    out_dir = Path(args.output_dir) if args.output_dir else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    for workload in args.workloads.split(","):
+        for load in loads:
+            group = []
+            for config_name in args.configs.split(","):
+                point = run_point(args.mode, workload, load, config_name, args, **setup)
+                group.append(point)
+                print(table([point]).splitlines()[-1], f"({point.wall_seconds:.0f} s)", flush=True)
+            points.extend(group)
+            if out_dir is not None:
+                plot_parked(group, out_dir / f"parked-{args.mode}-{workload}-{load:g}.png")
+    print()
+    print(table(points))
+    if out_dir is not None:
+        data = {
+            "command": " ".join(sys.argv),
+            "setup": describe,
+            "machine": machine(),
+            "points": [asdict(p) for p in points],
+        }
+        (out_dir / f"agents-{args.mode}.json").write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    main()
