@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from heddle.bench.stream import _error_message, spread_times
-from heddle.metrics.record import RequestRecord
+from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.workloads import WorkloadRequest
 
 
@@ -140,7 +140,7 @@ async def send_chat(
         num_tokens = turn.completion_tokens
         record.num_prompt_tokens = int(turn.prompt_tokens or record.num_prompt_tokens)
         record.num_cached_tokens = turn.cached_tokens or 0
-    record.token_times = spread_times(chunk_times, num_tokens)
+    record.token_times = TokenTimes.of(spread_times(chunk_times, num_tokens))
     record.first_token_time = record.token_times[0]
     record.finish_reason = turn.finish_reason or "stop"
     return ChatOutcome(record, turn)

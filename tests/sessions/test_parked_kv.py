@@ -54,7 +54,7 @@ def _run(scheduler: Scheduler, max_steps: int = 100) -> list[list[tuple[str, int
         if not scheduler.requests:
             return steps
         out = scheduler.schedule()
-        steps.append([(s.request_id, len(s.token_ids)) for s in out.scheduled])
+        steps.append(list(zip(out.request_ids, out.num_new_tokens, strict=True)))
         scheduler.update(out, sample_all(out))
         _check(scheduler)
     raise AssertionError("did not finish")
