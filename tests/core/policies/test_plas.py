@@ -25,7 +25,7 @@ def test_service_counts_every_turn_of_a_program_and_its_subagents():
     policy = make_policy("plas", quantum=100, output_weight=2)
     first = _call("p-0", "p", prompt_len=40)
     first.num_computed_tokens = 40
-    first.output_token_ids.extend([5] * 10)  # 10 generated
+    first.all_token_ids.extend([5] * 10)  # 10 generated
     assert policy.call_service(first) == 40 + 2 * 10
     policy.on_finished(first)
     child = _call("c-0", "c", parent="p", prompt_len=8)
@@ -84,7 +84,7 @@ def test_in_the_scheduler_a_new_program_overtakes_a_long_one():
     new = _call("new-0", "new", prompt_len=8, max_tokens=2, arrival=2.0, first_token=500)
     sched.add_request(new)
     out = sched.schedule()
-    assert [s.request_id for s in out.scheduled] == ["new-0"]
+    assert out.request_ids == ["new-0"]
 
 
 def test_bad_options():
