@@ -260,7 +260,7 @@ def real_setup(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "executor_factory": lambda clock: executor,
         "num_blocks": executor.num_blocks,
-        "vocab_size": executor.arch.vocab_size,
+        "vocab_size": executor.model_shape.vocab_size,
         "max_model_len": executor.max_model_len,
         "recompute": Costs(lambda n: n * seconds_per_token),
         "tokenizer": executor.tokenizer,
@@ -283,7 +283,7 @@ def measure_prefill(executor: Any, args: argparse.Namespace) -> float:
             executor,
             num_blocks=executor.num_blocks,
             eos_token_id=executor.eos_token_id,
-            vocab_size=executor.arch.vocab_size,
+            vocab_size=executor.model_shape.vocab_size,
         )
         prompt = [100 + (7 * j + i) % 5000 for j in range(256)]
         start = time.perf_counter()

@@ -75,7 +75,7 @@ def _engine(caching: bool) -> Engine:
         tokenizer=executor.tokenizer,
         eos_token_id=executor.eos_token_id,
         max_model_len=MAX_MODEL_LEN,
-        vocab_size=executor.arch.vocab_size,
+        vocab_size=executor.model_shape.vocab_size,
     )
 
 
