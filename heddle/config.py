@@ -56,8 +56,12 @@ class SchedulerConfig:
     retention: str = "lru"
     retention_options: dict[str, object] = field(default_factory=dict)
     max_park_seconds: float = 600.0  # no parked KV outlives this
+    # Decision events (heddle/core/events.py): the ring buffer's size; 0 turns them off.
+    decision_events: int = 65_536
 
     def __post_init__(self) -> None:
+        if self.decision_events < 0:
+            raise HeddleError("decision_events must be >= 0 (0 turns them off)")
         if self.max_num_batched_tokens < 1:
             raise HeddleError("max_num_batched_tokens must be positive")
         if self.max_num_seqs < 1:

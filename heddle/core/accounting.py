@@ -13,8 +13,9 @@ changes; the difference is what it is charged when it changes again:
 This is what charging each step to each left-out request would give, up to the rounding of
 the sums.
 
-Each idle period starts with a reason (`StallReason`) where the scheduler knows it: decision
-events (why a ready request did not run) can hook `on_idle`.
+Each idle period starts with a reason (`StallReason`) where the scheduler knows it; decision
+events (heddle/core/events.py: why a ready request did not run) hook `on_idle` and `on_busy`,
+so their stall intervals open and close exactly where the stall time is charged.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class StallReason(enum.Enum):
     OUT_OF_BLOCKS = "out_of_blocks"  # the KV pool could not hold it
     PARENT_NOT_READY = "parent_not_ready"  # an n>1 child waits for its parent's prompt
     PREEMPTED = "preempted"  # its blocks were taken; it waits to recompute
+    STEP_PREEMPTED = "step_preempted"  # the step had to preempt, so it admitted no one
 
 
 class _LongerSums:
@@ -97,13 +99,18 @@ class _LongerSums:
 class Accounting:
     """The running sums over steps, and the charges at each request's state changes."""
 
-    def __init__(self, on_idle: Callable[[Request, StallReason], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_idle: Callable[[Request, StallReason], None] | None = None,
+        on_busy: Callable[[Request], None] | None = None,
+    ) -> None:
         self.stall_clock = 0.0  # summed duration of the steps so far
         self.utilization_clock = 0.0  # summed tokens / budget of the steps so far
         self.num_steps = 0
         self.num_idle = 0  # requests idle now (nothing to charge a step to when there are none)
         self._longer = _LongerSums()
-        self.on_idle = on_idle
+        self.on_idle = on_idle  # a request's idle period starts (decision events)
+        self.on_busy = on_busy  # it ends: the request is in a step, or has finished
 
     def end_step(self, duration: float, longest_context: int, utilization: float) -> None:
         """A step ran: `duration` on the engine's clock, its longest request's context."""
@@ -136,6 +143,8 @@ class Accounting:
         if not request.idle:
             return
         self._close_idle(request)
+        if self.on_busy is not None:
+            self.on_busy(request)
         request.idle = False
         self.num_idle -= 1
         request.busy_step_mark = self.num_steps
@@ -145,6 +154,8 @@ class Accounting:
         if request.idle:
             self._close_idle(request)
             self.num_idle -= 1
+            if self.on_busy is not None:
+                self.on_busy(request)
         else:
             self._close_busy(request)
 

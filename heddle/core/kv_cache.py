@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from heddle.core.block_hash import BlockHash, hash_block_tokens, root_hash
 
 if TYPE_CHECKING:
+    from heddle.core.events import DecisionLog
     from heddle.request import Request
 
 
@@ -38,6 +39,7 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0  # cached blocks whose contents were dropped to reuse the block
+        self.evicted_ids: list[int] | None = None  # when a list: the evicted blocks go in it
 
     @property
     def num_blocks(self) -> int:
@@ -94,6 +96,8 @@ class BlockPool:
             del self._cached[block.block_hash]
             block.block_hash = None
             self.num_evictions += 1
+            if self.evicted_ids is not None:
+                self.evicted_ids.append(block.block_id)
 
     def check_integrity(self) -> None:
         for block in self.blocks:
@@ -139,6 +143,7 @@ class KVCacheManager:
         # Per request, the ids of its blocks in position order (the live list: read it, never
         # mutate it; the scheduler sends the executor copies of the new entries).
         self._tables: dict[str, list[int]] = {}
+        self.events: DecisionLog | None = None  # the scheduler's, told of evictions
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
         # Parked sessions (heddle/sessions): per session, the cached full blocks of its last
@@ -236,6 +241,10 @@ class KVCacheManager:
             table.append(block.block_id)
         if need > 0:
             table.extend(b.block_id for b in self.pool.allocate(need))
+            evicted = self.pool.evicted_ids
+            if evicted and self.events is not None:
+                self.events.evicted(request_id, evicted)
+                evicted.clear()
         request.num_slots = len(table) * self.block_size
         return True
 
@@ -318,6 +327,13 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (the live list: read it, never mutate it)."""
         return self._tables.get(request_id, [])
+
+    def cached_block_ids(self, request: Request) -> list[int]:
+        """The request's blocks that are in the prefix cache (findable after it frees them)."""
+        table = self._tables.get(request.request_id, ())
+        blocks = self.pool.blocks
+        committed = table[: request.num_committed_blocks]
+        return [b for b in committed if blocks[b].block_hash is not None]
 
     def num_request_blocks(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))

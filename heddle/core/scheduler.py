@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from heddle.clock import Clock
 from heddle.config import SchedulerConfig
 from heddle.core.accounting import Accounting, StallReason
+from heddle.core.events import DecisionLog, Queue
 from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
@@ -88,7 +89,17 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_preempted_waiting = 0  # of the waiting requests, those preempted
-        self.accounting = Accounting()
+        # Why ready requests were left out of steps, preemptions, evictions, recomputes
+        # (heddle/core/events.py; None: off). Its stall intervals follow the accounting's.
+        self.events = DecisionLog(config.decision_events) if config.decision_events else None
+        events = self.events
+        if events is not None:
+            self.accounting = Accounting(on_idle=events.opened, on_busy=events.closed)
+            events.cached_blocks_of = kv_cache.cached_block_ids
+            kv_cache.events = events
+            kv_cache.pool.evicted_ids = []
+        else:
+            self.accounting = Accounting()
         # Every step's end time; token times of the records are indices into it.
         self.timeline = timeline if timeline is not None else TokenTimeline()
         self._next_step_id = 0
@@ -170,6 +181,8 @@ class Scheduler:
         self._finished_since_last_step.append(request_id)
         self.finished_in_step.append(request)
         self.policy.on_finished(request)
+        if self.events is not None:
+            self.events.finished(request)
         return request
 
     def has_unfinished_requests(self) -> bool:
@@ -200,6 +213,9 @@ class Scheduler:
         kv = self.kv_cache
         self.sessions.expire(now)
         policy = self.policy
+        events = self.events
+        if events is not None:
+            events.begin_step(self._next_step_id, now)
         view = SchedulerView(
             now=now,
             running=self.running,
@@ -231,6 +247,8 @@ class Scheduler:
         # 2. Waiting requests, unless this step already had to preempt.
         if not preempted:
             self._admit_waiting(view, step, limits.max_num_seqs - len(self.running), preempted)
+        elif events is not None and self.waiting:
+            events.stop_queue(Queue.WAITING, StallReason.STEP_PREEMPTED)
 
         output = step.output
         output.finished_request_ids = self._finished_since_last_step
@@ -264,6 +282,8 @@ class Scheduler:
                 for rest in ordered[index:]:
                     if rest.status is RUNNING and not rest.idle:
                         accounting.idle(rest, StallReason.TOKEN_BUDGET)
+                if self.events is not None:
+                    self.events.stop_queue(Queue.RUNNING, StallReason.TOKEN_BUDGET)
                 break
             start = request.num_computed_tokens
             wanted = len(request.all_token_ids) - start
@@ -298,6 +318,8 @@ class Scheduler:
             if num_new <= 0:
                 if not request.idle:
                     accounting.idle(request, StallReason.LANE_CAP)
+                if self.events is not None:
+                    self.events.skip(request, StallReason.LANE_CAP)
                 continue
             if start + num_new > request.num_slots and not self._allocate_or_preempt(
                 request, start + num_new, ordered, index, preempted, now
@@ -333,6 +355,9 @@ class Scheduler:
                 self.finish_request(request.request_id, FinishReason.LENGTH)
                 self._unreported_finishes.append(request)
                 return False
+            if self.events is not None:
+                beneficiary = None if victim is request else request
+                self.events.preempted(victim, beneficiary, StallReason.OUT_OF_BLOCKS)
             self._preempt(victim)
             preempted.append(victim)
             if victim is request:
@@ -352,18 +377,33 @@ class Scheduler:
         # session's KV is parked: they hold their memory already.
         memory_blocked = False
         sessions = self.sessions
+        events = self.events
         # Changes to the waiting queue wait for the end of the loop: it iterates the queue.
         for request in candidates:
             if step.tokens_left <= 0 or (seats <= 0 and not self._preempts_for_waiting):
+                if events is not None:
+                    full = step.tokens_left <= 0
+                    reason = StallReason.TOKEN_BUDGET if full else StallReason.NO_SEAT
+                    events.stop_queue(Queue.WAITING, reason)
                 break
             if memory_blocked and not sessions.has_parked(request):
+                if events is not None:
+                    events.skip(request, StallReason.OUT_OF_BLOCKS)
                 continue
             if not self._parent_ready(request):
+                if events is not None:
+                    events.skip(request, StallReason.PARENT_NOT_READY)
                 continue
             if not policy.admit(request, view, len(admitted)):
+                if events is not None:
+                    events.skip(request, StallReason.ADMISSION_HELD)
                 continue
             if seats <= 0:
-                if not self._preempt_for(request, now, step, preempted, admitted):
+                if not self._preempt_for(
+                    request, now, step, preempted, admitted, StallReason.NO_SEAT
+                ):
+                    if events is not None:
+                        events.stop_queue(Queue.WAITING, StallReason.NO_SEAT)
                     break
                 seats += 1
             cached_blocks = kv.find_cached_prefix(request)
@@ -371,16 +411,25 @@ class Scheduler:
             lane = policy.lane_of(request)
             num_new = step.grant(lane, request.num_tokens - num_cached)
             if num_new <= 0:
+                if events is not None:
+                    events.skip(request, StallReason.LANE_CAP)
                 continue
             while not kv.allocate_slots(request, num_cached + num_new, cached_blocks):
                 wanted = num_cached + num_new
                 if self._reclaim_parked(request, wanted, not self.running, cached_blocks):
                     continue
-                if not self._preempt_for(request, now, step, preempted, admitted):
+                if not self._preempt_for(
+                    request, now, step, preempted, admitted, StallReason.OUT_OF_BLOCKS
+                ):
                     break
             if not kv.has_blocks(request.request_id):
                 if not sessions.parked:
-                    break  # out of blocks: later arrivals wait too, so no one overtakes
+                    # Out of blocks: later arrivals wait too, so no one overtakes for memory.
+                    if events is not None:
+                        events.stop_queue(Queue.WAITING, StallReason.OUT_OF_BLOCKS)
+                    break
+                if events is not None:
+                    events.skip(request, StallReason.OUT_OF_BLOCKS)
                 memory_blocked = True
                 continue
             record = request.record
@@ -399,6 +448,8 @@ class Scheduler:
             admitted.append(request)
             step.take(request, lane, num_new)
             self.accounting.busy(request)
+            if events is not None:
+                events.scheduled(request)
             seats -= 1
         for request in admitted:
             waiting.remove(request)
@@ -416,8 +467,10 @@ class Scheduler:
         step: StepBuilder,
         preempted: list[Request],
         admitted: list[Request],
+        reason: StallReason,
     ) -> bool:
-        """Let the policy evict a running request so that waiting `request` can start."""
+        """Let the policy evict a running request so that waiting `request` can start
+        (`reason`: it needs a seat, or blocks)."""
         taken = {id(r) for r in admitted}
         candidates = [r for r in self.running if id(r) not in taken]
         if not candidates:
@@ -426,6 +479,8 @@ class Scheduler:
         if not self.policy.should_preempt_for(request, victim, now):
             return False
         step.release(victim, self.policy.lane_of(victim))
+        if self.events is not None:
+            self.events.preempted(victim, request, reason)
         self._preempt(victim, requeue=False)
         preempted.append(victim)
         return True
@@ -500,6 +555,8 @@ class Scheduler:
             scheduler_output.longest_context,
             scheduler_output.num_scheduled_tokens / self.config.max_num_batched_tokens,
         )
+        if self.events is not None:
+            self.events.end_step(now - self._step_start)  # what the accounting charged
         step_index = self.timeline.append(now)
         previous_step = step_index - 1
         updated: list[Request] = self.take_unreported_finishes()

@@ -11,6 +11,7 @@ SimulatedExecutor (a cost model, virtual clock). Time passes inside `execute()` 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from heddle.clock import Clock, WallClock
@@ -92,6 +93,9 @@ class Engine:
         self.execute_seconds = 0.0
         self.overhead_seconds = 0.0
         self.num_steps = 0
+        # Called on the engine's thread after each step's execute, before update (the view's
+        # probe: heddle/view/probe.py): (scheduler output, step start, step duration).
+        self.step_observer: Callable[[SchedulerOutput, float, float], None] | None = None
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> Engine:
@@ -229,6 +233,8 @@ class Engine:
         t1 = time.perf_counter()
         executor_output = self.executor.execute(scheduler_output)
         t2 = time.perf_counter()
+        if self.step_observer is not None:
+            self.step_observer(scheduler_output, start, self.clock.now() - start)
         every = self.outputs.needs_every_update or bool(executor_output.logprobs)
         updated = scheduler.update(scheduler_output, executor_output, collect_updated=every)
         if every:

@@ -1,0 +1,493 @@
+"""Decision events: why each ready request was not in a step, who was preempted for whom, which
+cached KV was evicted, and what a preempted request had to recompute. A bounded ring buffer,
+cheap enough to leave on.
+
+The scheduler calls a few verbs at the points where it decides (`begin_step`, `skip`,
+`stop_queue`, `scheduled`, `preempted`, `evicted`, `finished`, `end_step`); its accounting
+(heddle/core/accounting.py) calls `opened` and `closed` where a request's idle period starts and
+ends, so a stall interval spans exactly the steps whose time the accounting charges it. Nothing
+here visits every waiting request every step:
+
+- A scheduling loop visits requests in the policy's order and stops somewhere (token budget
+  spent, no seat, out of blocks). Every request it did not reach waits *behind* that stop, for
+  that reason: one call, `stop_queue(queue, reason)`, explains them all. A request the loop did
+  reach and passed over (admission held by the policy, lane cap, parent not ready, preempted)
+  is explained on its own with `skip(request, reason)`.
+- Stall time is charged with cumulative counters: per queue and reason, the seconds charged to
+  "whoever waits behind the stop" so far. A request's stall interval opens with a copy of its
+  queue's counters and closes (when it runs again, or finishes) with the difference, plus the
+  corrections of the steps where it was explained on its own. Opening and closing cost one copy
+  of a small tuple; a step costs one addition per queue.
+
+So a closed `StallInterval` says how many seconds of that wait each reason explains, and the
+sum over a request's intervals equals the stall time the engine charged it.
+
+What is kept is kept as plain tuples of strings and numbers (the ring's events, the open
+intervals): the garbage collector stops tracking such tuples after its first pass, so a full
+ring costs the collector nothing. With dataclasses in the ring, the collector's passes over
+tens of thousands of live events were most of what the events cost a simulation. Readers get
+the dataclasses below (`events_since`, iteration), built when they read.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from heddle.core.accounting import StallReason
+from heddle.request import RequestStatus
+
+if TYPE_CHECKING:
+    from heddle.request import Request
+
+DEFAULT_CAPACITY = 65_536
+
+
+__all__ = ["StallReason"]  # the accounting's reasons, re-exported: the events split by them
+
+REASONS: tuple[StallReason, ...] = tuple(StallReason)
+_INDEX = {reason: i for i, reason in enumerate(REASONS)}
+_NUM = len(REASONS)
+_ZERO = (0.0,) * _NUM
+
+
+class Queue(enum.IntEnum):
+    RUNNING = 0  # holds blocks, was not served this step
+    WAITING = 1  # holds no blocks
+
+
+_QUEUE_NAMES = ("running", "waiting")
+
+
+@dataclass(frozen=True, slots=True)
+class StallInterval:
+    """One wait of one request, from the step it was first left out of to the one it ran in
+    (or finished at). `seconds` splits the charged time by reason."""
+
+    request_id: str
+    request_class: str
+    queue: str  # "running" or "waiting"
+    start_step: int
+    end_step: int  # the step it ran in again (or the last step before it finished)
+    start_time: float
+    end_time: float
+    seconds: dict[str, float]  # reason value -> seconds charged; only reasons that apply
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def main_reason(self) -> str | None:
+        return max(self.seconds, key=self.seconds.__getitem__) if self.seconds else None
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """`victim` lost its KV blocks (it will recompute) to make room for `beneficiary`."""
+
+    step_id: int
+    time: float
+    victim_id: str
+    victim_class: str
+    beneficiary_id: str | None  # None: the victim itself could not grow and gave way
+    reason: str  # "out_of_blocks" (someone needed blocks) or "no_seat" (someone needed a seat)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Free blocks holding cached (or parked) KV were handed out again in a step: their
+    content is gone. One event per step (a busy pool evicts on most block allocations)."""
+
+    step_id: int
+    time: float
+    num_blocks: int
+    for_request_ids: tuple[str, ...]  # the requests whose allocations took them
+    kind: str = "cached"  # "cached" prefix blocks; later "parked" session KV
+    block_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStop:
+    """From this step on, the requests a scheduling loop did not reach wait for `reason`
+    (None: the loop reached every request). Logged only when it changes."""
+
+    step_id: int
+    time: float
+    queue: str
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recompute:
+    """A preempted request ran again and computed once more the KV it had lost: from
+    `start_time` (its first step back) to `end_time` (when it had again all it had computed
+    before; None: it finished or was preempted again first). Of its blocks that were in the
+    prefix cache when it was preempted, `num_evicted_blocks` were evicted while it waited, at
+    the steps `evicted_at_steps`, by allocations for `evicted_for`: the evictions that made it
+    recompute what the cache would otherwise have given back."""
+
+    request_id: str
+    request_class: str
+    preempted_step: int
+    start_step: int
+    start_time: float
+    end_step: int | None
+    end_time: float | None
+    num_tokens: int  # tokens it had computed before the preemption
+    num_cached: int  # of those, found in the prefix cache when it came back
+    num_cached_blocks: int  # its blocks in the prefix cache when it was preempted
+    num_evicted_blocks: int  # of those, evicted before it came back
+    evicted_at_steps: tuple[int, ...]
+    evicted_for: tuple[str, ...]
+
+    @property
+    def num_recomputed(self) -> int:
+        return max(0, self.num_tokens - self.num_cached)
+
+
+Event = StallInterval | Preemption | Eviction | QueueStop | Recompute
+
+# The ring holds (kind, *fields) tuples of plain values; kind indexes _TYPES.
+_STALL, _PREEMPT, _EVICT, _STOP, _RECOMPUTE = range(5)
+_TYPES: tuple[Any, ...] = (StallInterval, Preemption, Eviction, QueueStop, Recompute)
+
+
+def _event(raw: tuple[Any, ...]) -> Event:
+    kind = raw[0]
+    if kind == _STALL:
+        _, rid, cls, queue, s0, s1, t0, t1, seconds = raw
+        return StallInterval(rid, cls, queue, s0, s1, t0, t1, dict(seconds))
+    event: Event = _TYPES[kind](*raw[1:])
+    return event
+
+
+class _Waiting:
+    """A preempted request until it is back: what it had, and which of its blocks were cached."""
+
+    __slots__ = ("cached_blocks", "num_computed", "num_events", "step")
+
+    def __init__(
+        self, step: int, num_computed: int, cached_blocks: frozenset[int], num_events: int
+    ):
+        self.step = step
+        self.num_computed = num_computed
+        self.cached_blocks = cached_blocks
+        self.num_events = num_events  # the log's event count then: evictions after it matter
+
+
+class DecisionLog:
+    """The ring buffer of the last `capacity` events, and the stall attribution behind it.
+
+    Owned by one scheduler and called from its thread only. Readers take `events_since(n)`
+    with the `num_events` they saw last; older events fall off the ring. `cached_blocks_of`
+    (set by the scheduler) names a request's blocks that are in the prefix cache.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError("a decision log needs room for at least one event")
+        self.capacity = capacity
+        self._ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
+        self.num_events = 0  # appended since the start (the ring keeps the last `capacity`)
+        # Cumulative seconds charged, per queue and reason, to whoever waits behind a stop.
+        self._charged = ([0.0] * _NUM, [0.0] * _NUM)
+        # request id -> (queue, counters when it opened, start step, start time, class)
+        self._open: dict[str, tuple[int, tuple[float, ...], int, float, str]] = {}
+        self._adjust: dict[str, list[float]] = {}  # corrections of requests explained alone
+        self._num_open_running = 0
+        self._stops: list[int | None] = [None, None]  # this step's stop reason per queue
+        self._last_stops: list[int | None] = [None, None]
+        self._skipped: list[tuple[str, int, int]] = []  # (id, queue, reason) explained alone
+        self.step_id = 0
+        self.now = 0.0
+        self._in_step = self._began = False
+        self.num_preemptions = 0
+        self.num_evicted_blocks = 0
+        self._evicted_ids: list[int] = []
+        self._evicted_for: list[str] = []
+        self.cached_blocks_of: Callable[[Request], Sequence[int]] | None = None
+        self._preempted: dict[str, _Waiting] = {}  # preempted, not yet back
+        # Back and recomputing: request -> (waiting info, start step, start time, num cached,
+        # evicted blocks, eviction steps, evicted for)
+        self._recomputing: dict[str, tuple[Request, _Waiting, int, float, int, Any]] = {}
+        self._last_end = 0.0  # when the last step ended
+
+    # -- reading ----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def __iter__(self) -> Iterator[Event]:
+        return (_event(raw) for raw in self._ring)
+
+    def events_since(self, seen: int) -> list[Event]:
+        """The events appended after the first `seen` (as many as the ring still holds)."""
+        new = self.num_events - seen
+        if new <= 0:
+            return []
+        ring = self._ring
+        if new >= len(ring):
+            return [_event(raw) for raw in ring]
+        return [_event(ring[i]) for i in range(len(ring) - new, len(ring))]
+
+    def is_stalled(self, request_id: str) -> bool:
+        return request_id in self._open
+
+    def _append(self, raw: tuple[Any, ...]) -> None:
+        self._ring.append(raw)
+        self.num_events += 1
+
+    # -- the scheduler's verbs --------------------------------------------------------------
+    def begin_step(self, step_id: int, now: float) -> None:
+        if self._evicted_for:
+            self._flush_evictions()
+        if self._recomputing:
+            self._check_recomputes()
+        self.step_id = step_id
+        self.now = now
+        self._in_step = self._began = True
+        self._stops[0] = self._stops[1] = None
+        self._skipped.clear()
+
+    def opened(self, request: Request, reason: StallReason) -> None:
+        """The accounting's `on_idle`: `request` is idle from now (it arrived, or was left out
+        of this step, or preempted: the preemption itself is explained by `preempted`)."""
+        if request.request_id in self._open:
+            return
+        running = request.status is RequestStatus.RUNNING and reason is not StallReason.PREEMPTED
+        queue = Queue.RUNNING if running else Queue.WAITING
+        if self._in_step:
+            self._start(request, queue)
+        else:  # between steps (an arrival): the next step is the first it could be in
+            step = self.step_id + 1 if self._began else self.step_id
+            self._start(request, queue, step, max(self.now, request.arrival_time))
+        if reason is StallReason.PREEMPTED:
+            self._skipped.append((request.request_id, queue, _INDEX[reason]))
+
+    def closed(self, request: Request) -> None:
+        """The accounting's `on_busy`: `request` is in this step (or has finished)."""
+        if request.request_id in self._open:
+            self._close(request.request_id)
+
+    def stop_queue(self, queue: Queue, reason: StallReason) -> None:
+        """The loop over `queue` stopped: every request it did not reach waits for `reason`.
+
+        A loop that stops twice keeps its first reason."""
+        if self._stops[queue] is None:
+            self._stops[queue] = _INDEX[reason]
+
+    def skip(self, request: Request, reason: StallReason) -> None:
+        """The loop reached `request` and left it out of this step, for `reason`."""
+        entry = self._open.get(request.request_id)
+        queue = Queue.RUNNING if entry is None else entry[0]
+        if entry is None:  # a running request left out: its stall starts now
+            self._start(request, Queue.RUNNING)
+        self._skipped.append((request.request_id, queue, _INDEX[reason]))
+
+    def scheduled(self, request: Request) -> None:
+        """A waiting request was admitted into this step (its wait is closed by `closed`); a
+        preempted one starts its recompute."""
+        if self._preempted and request.request_id in self._preempted:
+            self._resumed(request)
+
+    def preempted(self, victim: Request, beneficiary: Request | None, reason: StallReason) -> None:
+        """`victim` loses its blocks this step for `beneficiary` (None: for its own growth).
+        Called before its blocks are freed."""
+        self.num_preemptions += 1
+        victim_id = victim.request_id
+        self._append(
+            (
+                _PREEMPT,
+                self.step_id,
+                self.now,
+                victim_id,
+                victim.request_class,
+                None if beneficiary is None else beneficiary.request_id,
+                reason.value,
+            )
+        )
+        if victim_id in self._recomputing:
+            self._end_recompute(victim_id, done=False)
+        if victim.num_computed_tokens:
+            cached = self.cached_blocks_of(victim) if self.cached_blocks_of else ()
+            self._preempted[victim_id] = _Waiting(
+                self.step_id, victim.num_computed_tokens, frozenset(cached), self.num_events
+            )
+        if victim_id in self._open:
+            # It was already left out (running): that wait ends, one in the waiting queue
+            # starts. A busy victim's wait is opened by the accounting (`opened`).
+            self._close(victim_id)
+            self._start(victim, Queue.WAITING)
+            self._skipped.append((victim_id, Queue.WAITING, _INDEX[StallReason.PREEMPTED]))
+
+    def evicted(self, request_id: str, block_ids: Sequence[int]) -> None:
+        """Allocating for `request_id` reused `block_ids`, blocks that held cached KV (logged
+        as one event at the end of the step)."""
+        self.num_evicted_blocks += len(block_ids)
+        self._evicted_ids.extend(block_ids)
+        self._evicted_for.append(request_id)
+
+    def _flush_evictions(self) -> None:
+        ids = tuple(dict.fromkeys(self._evicted_for))
+        blocks = tuple(self._evicted_ids)
+        self._append((_EVICT, self.step_id, self.now, len(blocks), ids, "cached", blocks))
+        self._evicted_for.clear()
+        self._evicted_ids.clear()
+
+    def finished(self, request: Request) -> None:
+        """The request left (finished, aborted): a recompute it was in ends unfinished."""
+        request_id = request.request_id
+        if self._recomputing and request_id in self._recomputing:
+            self._end_recompute(request_id, done=False)
+        if self._preempted:
+            self._preempted.pop(request_id, None)
+
+    def end_step(self, charged: float) -> None:
+        """The step ran; `charged` seconds go to every request that was not in it (as the
+        engine's stall accounting charges them)."""
+        self._in_step = False
+        self._last_end = self.now + charged
+        if self._evicted_for:
+            self._flush_evictions()
+        stops = self._stops
+        if stops != self._last_stops or stops[0] is not None or stops[1] is not None:
+            for queue in (0, 1):
+                stop = stops[queue]
+                if stop is not None:
+                    self._charged[queue][stop] += charged
+                if stop != self._last_stops[queue]:
+                    self._last_stops[queue] = stop
+                    value = None if stop is None else REASONS[stop].value
+                    self._append((_STOP, self.step_id, self.now, _QUEUE_NAMES[queue], value))
+        if not self._skipped:
+            return
+        for request_id, queue, index in self._skipped:
+            if request_id not in self._open:
+                continue  # its wait ended in this step (it finished)
+            adjust = self._adjust.get(request_id)
+            if adjust is None:
+                adjust = self._adjust[request_id] = [0.0] * _NUM
+            adjust[index] += charged
+            # The counters charged this step to whoever waited behind the stop: not to it.
+            behind = stops[queue]
+            if behind is not None:
+                adjust[behind] -= charged
+        self._skipped.clear()
+
+    # -- intervals --------------------------------------------------------------------------
+    def _start(
+        self, request: Request, queue: Queue, step: int | None = None, now: float | None = None
+    ) -> None:
+        self._open[request.request_id] = (
+            queue,
+            tuple(self._charged[queue]),
+            self.step_id if step is None else step,
+            self.now if now is None else now,
+            request.request_class,
+        )
+        if queue is Queue.RUNNING:
+            self._num_open_running += 1
+
+    def _close(self, request_id: str) -> None:
+        queue, snapshot, start_step, start_time, request_class = self._open.pop(request_id)
+        if queue == Queue.RUNNING:
+            self._num_open_running -= 1
+        charged = self._charged[queue]
+        adjust = self._adjust.pop(request_id, None) if self._adjust else None
+        seconds = []
+        for i in range(_NUM):
+            value = charged[i] - snapshot[i]
+            if adjust is not None:
+                value += adjust[i]
+            if value > 1e-12:
+                seconds.append((REASONS[i].value, value))
+        if not seconds:
+            return  # admitted at the first step it could have run in: no wait to explain
+        self._append(
+            (
+                _STALL,
+                request_id,
+                request_class,
+                _QUEUE_NAMES[queue],
+                start_step,
+                self.step_id,
+                start_time,
+                self.now,
+                tuple(seconds),
+            )
+        )
+
+    # -- recomputes -------------------------------------------------------------------------
+    def _resumed(self, request: Request) -> None:
+        """A preempted request is back (its prefix-cache hits already counted): which of its
+        cached blocks were evicted while it waited, and by whom."""
+        waited = self._preempted.pop(request.request_id)
+        lost: set[int] = set()
+        steps: list[int] = []
+        for_ids: list[str] = []
+        if waited.cached_blocks:
+            ring = self._ring
+            new = min(self.num_events - waited.num_events, len(ring))
+            pending = [(self.step_id, tuple(self._evicted_ids), tuple(self._evicted_for))]
+            past = (
+                (raw[1], raw[6], raw[4])
+                for raw in (ring[i] for i in range(len(ring) - new, len(ring)))
+                if raw[0] == _EVICT
+            )
+            for step, blocks, whom in (*past, *pending):
+                hit = waited.cached_blocks.intersection(blocks)
+                if hit:
+                    lost |= hit
+                    steps.append(step)
+                    for_ids.extend(whom)
+        evicted = (len(lost), tuple(steps), tuple(dict.fromkeys(for_ids)))
+        self._recomputing[request.request_id] = (
+            request,
+            waited,
+            self.step_id,
+            self.now,
+            request.num_computed_tokens,
+            evicted,
+        )
+        if request.num_computed_tokens >= waited.num_computed:
+            self._end_recompute(request.request_id, done=True, at_start=True)
+
+    def _check_recomputes(self) -> None:
+        """Before a step: the requests that have again all the KV they had are done."""
+        done = [
+            request_id
+            for request_id, (request, waited, *_) in self._recomputing.items()
+            if request.num_computed_tokens >= waited.num_computed
+        ]
+        for request_id in done:
+            self._end_recompute(request_id, done=True)
+
+    def _end_recompute(self, request_id: str, *, done: bool, at_start: bool = False) -> None:
+        request, waited, start_step, start_time, num_cached, evicted = self._recomputing.pop(
+            request_id
+        )
+        if not done:
+            end_step, end_time = None, None
+        elif at_start:
+            end_step, end_time = start_step, start_time
+        else:
+            end_step, end_time = self.step_id, self._last_end  # the step that caught it up
+        self._append(
+            (
+                _RECOMPUTE,
+                request_id,
+                request.request_class,
+                waited.step,
+                start_step,
+                start_time,
+                end_step,
+                end_time,
+                waited.num_computed,
+                num_cached,
+                len(waited.cached_blocks),
+                *evicted,
+            )
+        )

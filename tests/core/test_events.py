@@ -1,0 +1,178 @@
+"""The decision log on its own: stall attribution by reason, preemptions, evictions, the ring."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.core.events import (
+    DecisionLog,
+    Eviction,
+    Preemption,
+    Queue,
+    QueueStop,
+    Recompute,
+    StallInterval,
+    StallReason,
+)
+from heddle.request import RequestStatus
+from tests.factories import create_request
+
+
+def intervals(log: DecisionLog) -> list[StallInterval]:
+    return [e for e in log if isinstance(e, StallInterval)]
+
+
+def test_waiting_behind_a_stop_is_charged_that_stops_reason() -> None:
+    log = DecisionLog()
+    a, b = create_request("a"), create_request("b")
+    log.opened(a, StallReason.QUEUED)
+    log.opened(b, StallReason.QUEUED)
+    # Step 0: the admission loop runs out of blocks before reaching either of them.
+    log.begin_step(0, 0.0)
+    log.stop_queue(Queue.WAITING, StallReason.OUT_OF_BLOCKS)
+    log.end_step(0.5)
+    # Step 1: a second stop in the same loop keeps the first reason; both wait for seats.
+    log.begin_step(1, 0.5)
+    log.stop_queue(Queue.WAITING, StallReason.NO_SEAT)
+    log.stop_queue(Queue.WAITING, StallReason.TOKEN_BUDGET)
+    log.end_step(0.25)
+    # Step 2: a is admitted; b is held by the policy.
+    log.begin_step(2, 0.75)
+    log.closed(a)
+    log.skip(b, StallReason.ADMISSION_HELD)
+    log.end_step(0.125)
+    log.begin_step(3, 0.875)
+    log.closed(b)
+    log.end_step(0.1)
+
+    (ia, ib) = intervals(log)
+    assert ia.request_id == "a" and ia.queue == "waiting"
+    assert ia.seconds == {"out_of_blocks": 0.5, "no_seat": 0.25}
+    assert (ia.start_step, ia.end_step, ia.start_time, ia.end_time) == (0, 2, 0.0, 0.75)
+    assert ib.seconds == {"out_of_blocks": 0.5, "no_seat": 0.25, "admission_held": 0.125}
+    assert ib.total == pytest.approx(0.875)
+    assert ib.main_reason == "out_of_blocks"
+    stops = [(e.step_id, e.queue, e.reason) for e in log if isinstance(e, QueueStop)]
+    assert stops == [
+        (0, "waiting", "out_of_blocks"),
+        (1, "waiting", "no_seat"),
+        (2, "waiting", None),
+    ]
+
+
+def test_skipped_request_is_not_charged_the_stop_of_its_step() -> None:
+    log = DecisionLog()
+    a = create_request("a")
+    log.opened(a, StallReason.QUEUED)
+    log.begin_step(0, 0.0)
+    log.skip(a, StallReason.PARENT_NOT_READY)
+    log.stop_queue(Queue.WAITING, StallReason.TOKEN_BUDGET)  # a later request hit the budget
+    log.end_step(1.0)
+    log.begin_step(1, 1.0)
+    log.closed(a)  # it finished
+    (interval,) = intervals(log)
+    assert interval.seconds == {"parent_not_ready": 1.0}
+
+
+def test_running_request_left_out_then_served() -> None:
+    log = DecisionLog()
+    a, b = create_request("a"), create_request("b")
+    a.status = b.status = RequestStatus.RUNNING
+    log.begin_step(0, 0.0)
+    log.opened(b, StallReason.TOKEN_BUDGET)  # the running loop did not reach it
+    log.stop_queue(Queue.RUNNING, StallReason.TOKEN_BUDGET)
+    log.end_step(0.5)
+    assert log.is_stalled("b") and not log.is_stalled("a")
+    log.begin_step(1, 0.5)
+    log.opened(a, StallReason.LANE_CAP)
+    log.skip(a, StallReason.LANE_CAP)
+    log.closed(b)
+    log.end_step(0.25)
+    log.begin_step(2, 0.75)
+    log.closed(a)
+    (ib, ia) = intervals(log)
+    assert (ib.request_id, ib.queue, ib.seconds) == ("b", "running", {"token_budget": 0.5})
+    assert (ia.request_id, ia.seconds) == ("a", {"lane_cap": 0.25})
+
+
+def test_preemption_records_victim_and_beneficiary_and_charges_the_victim() -> None:
+    log = DecisionLog()
+    victim, needy = create_request("v", request_class="batch"), create_request("n")
+    victim.status = RequestStatus.RUNNING
+    log.begin_step(4, 2.0)
+    log.preempted(victim, needy, StallReason.OUT_OF_BLOCKS)
+    log.opened(victim, StallReason.PREEMPTED)  # the accounting: it is idle from now
+    log.stop_queue(Queue.WAITING, StallReason.STEP_PREEMPTED)
+    log.end_step(0.5)
+    log.begin_step(5, 2.5)
+    log.stop_queue(Queue.WAITING, StallReason.NO_SEAT)
+    log.end_step(0.25)
+    log.begin_step(6, 2.75)
+    log.closed(victim)
+    (preemption,) = [e for e in log if isinstance(e, Preemption)]
+    assert preemption == Preemption(4, 2.0, "v", "batch", "n", "out_of_blocks")
+    (interval,) = intervals(log)
+    assert interval.request_class == "batch"
+    assert interval.seconds == {"preempted": 0.5, "no_seat": 0.25}
+    assert log.num_preemptions == 1
+
+
+def test_evictions_and_the_ring_buffer_bound() -> None:
+    log = DecisionLog(capacity=3)
+    for i in range(5):
+        log.begin_step(i, float(i))
+        log.evicted(f"r{i}", list(range(i + 1)))
+        log.evicted(f"r{i}", [100])
+        log.evicted("x", [101])
+        log.end_step(0.1)
+    assert len(log) == 3 and log.num_events == 5  # one event per step
+    evictions = [e for e in log if isinstance(e, Eviction)]
+    assert [e.for_request_ids for e in evictions] == [("r2", "x"), ("r3", "x"), ("r4", "x")]
+    assert [e.num_blocks for e in evictions] == [5, 6, 7]
+    assert log.num_evicted_blocks == 15 + 10
+    # A reader that saw 3 events gets the two after them; one that saw none gets what is left.
+    assert [e.num_blocks for e in log.events_since(3)] == [6, 7]  # type: ignore[union-attr]
+    assert len(log.events_since(0)) == 3
+    assert log.events_since(5) == []
+    with pytest.raises(ValueError):
+        DecisionLog(capacity=0)
+
+
+def test_a_preempted_request_recomputes_what_evictions_took_from_the_cache() -> None:
+    log = DecisionLog()
+    log.cached_blocks_of = lambda request: [3, 4, 5] if request.request_id == "v" else []
+    victim, other = create_request("v", request_class="batch"), create_request("o")
+    victim.num_computed_tokens = 40  # what it had computed when preempted
+    log.begin_step(0, 0.0)
+    log.preempted(victim, other, StallReason.OUT_OF_BLOCKS)
+    log.end_step(0.5)
+    victim.num_computed_tokens = 0
+    log.begin_step(1, 0.5)
+    log.evicted("o", [5, 9])  # one of its cached blocks goes to "o"
+    log.end_step(0.5)
+    log.begin_step(2, 1.0)
+    log.evicted("x", [4])  # in the step it comes back: counted too
+    victim.num_computed_tokens = 16  # blocks 3 (and the first) found in the cache
+    log.scheduled(victim)
+    log.end_step(0.25)
+    victim.num_computed_tokens = 32  # still short of 40
+    log.begin_step(3, 1.25)
+    log.end_step(0.25)
+    assert not [e for e in log if isinstance(e, Recompute)]
+    victim.num_computed_tokens = 41  # caught up in step 3, which ended at 1.5
+    log.begin_step(4, 1.5)
+    (recompute,) = [e for e in log if isinstance(e, Recompute)]
+    assert recompute == Recompute("v", "batch", 0, 2, 1.0, 3, 1.5, 40, 16, 3, 2, (1, 2), ("o", "x"))
+    assert recompute.num_recomputed == 24
+    # Preempted again, back, and finished before it caught up: its recompute ends unfinished.
+    victim.num_computed_tokens = 8
+    log.preempted(victim, None, StallReason.OUT_OF_BLOCKS)
+    log.end_step(0.1)
+    victim.num_computed_tokens = 0
+    log.begin_step(5, 1.6)
+    log.scheduled(victim)
+    log.end_step(0.1)
+    log.begin_step(6, 1.7)
+    log.finished(victim)
+    (_, second) = [e for e in log if isinstance(e, Recompute)]
+    assert second == Recompute("v", "batch", 4, 5, 1.6, None, None, 8, 0, 3, 0, (), ())
