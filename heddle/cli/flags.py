@@ -45,6 +45,8 @@ HELP: Mapping[str, str] = {
     "max_num_batched_tokens": "token budget of one step",
     "max_waiting": "bound on the waiting queue; beyond it requests are refused (HTTP 429)",
     "long_prefill_token_threshold": "longest prefill chunk of one request in a step",
+    "decision_events": "ring buffer of the scheduler's decision events (the dashboard's why); "
+    "0: off",
     "block_size": "tokens per KV block",
     "num_blocks": "KV blocks (default: from --kv-cache-memory-gb)",
 }

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from heddle.errors import HeddleError
 
-DESCRIPTION = "heddle serve | generate | bench serve | simulate | profile | policies"
+DESCRIPTION = "heddle serve | generate | bench serve | simulate | profile | view | policies"
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -67,6 +67,14 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_from_args)
 
 
+def _add_view(sub: argparse._SubParsersAction) -> None:
+    from heddle.view.cli import add_view_arguments, run_view
+
+    p = sub.add_parser("view", help="the dashboard of a saved simulation or bench run")
+    add_view_arguments(p)
+    p.set_defaults(func=run_view)
+
+
 def _add_policies(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("policies", help="list the scheduling policies")
     p.set_defaults(func=_policies)
@@ -85,7 +93,15 @@ def _policies(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heddle", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_policies, _add_serve, _add_bench, _add_simulate, _add_profile):
+    for add in (
+        _add_generate,
+        _add_policies,
+        _add_serve,
+        _add_bench,
+        _add_simulate,
+        _add_profile,
+        _add_view,
+    ):
         add(sub)
     return parser
 

@@ -127,7 +127,8 @@ class EngineCore:
             elif self.engine.has_unfinished_requests():
                 self.step(batch)
             self.finish(batch)
-            if commands or batch.deltas or batch.steps or batch.failed_ids or batch.final:
+            sending = batch.deltas or batch.steps or batch.events or batch.failed_ids
+            if commands or sending or batch.final:
                 self.outputs.send(encode_batch(batch), copy=False)
             if shutdown:
                 return

@@ -36,6 +36,7 @@ from heddle.server.metrics import ServerMetrics
 from heddle.server.middleware import DEFAULT_MAX_BODY_BYTES, APIKeyMiddleware, BodyLimitMiddleware
 from heddle.server.routes import router
 from heddle.server.state import ServerState, ServerTokenizer
+from heddle.view.live import install_dashboard, view_source
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ def build_app(
     )
     install_error_handlers(app)
     app.include_router(router)
+    install_dashboard(app, async_engine, title=f"heddle serve — {name}")
     # The last middleware added runs first: check the key before reading a large body.
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
@@ -127,7 +129,11 @@ def run_server(
         if plan.core_threads != config.model.num_threads:
             config = replace(config, model=replace(config.model, num_threads=plan.core_threads))
         plan.pin_this_process()
-        core = CoreClient(partial(engine_from_config, config, **engine_kwargs), cpus=plan.core_cpus)
+        core = CoreClient(
+            partial(engine_from_config, config, **engine_kwargs),
+            cpus=plan.core_cpus,
+            event_source=view_source,  # the live dashboard's steps and decision events
+        )
         core.start()  # the model loads in the core; HeddleError here if it cannot
         client = core
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from urllib.parse import parse_qs, quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -90,37 +91,103 @@ class BodyLimitMiddleware:
 
 
 class APIKeyMiddleware:
-    """401 unless `Authorization: Bearer <api_key>`, for paths under `protected_prefix`."""
+    """401 unless `Authorization: Bearer <api_key>`, for paths under `protected_prefix`.
 
-    def __init__(self, app: ASGIApp, api_key: str, protected_prefix: str = "/v1") -> None:
+    The dashboard (`browser_prefix`) is opened by a browser, which cannot send that header on
+    a page load or an EventSource: there the key may also come as `?api_key=KEY` (the page is
+    then answered with a redirect that moves the key into an HttpOnly cookie) or that cookie.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        protected_prefix: str = "/v1",
+        browser_prefix: str | None = "/dashboard",
+    ) -> None:
         self.app = app
         self.api_key = api_key.encode()
         self.protected_prefix = protected_prefix
+        self.browser_prefix = browser_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.protected_prefix):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        prefix = self.browser_prefix
+        browser = prefix is not None and (path == prefix or path.startswith(prefix + "/"))
+        if not browser and not path.startswith(self.protected_prefix):
             await self.app(scope, receive, send)
             return
         auth = _header(scope, b"authorization") or ""
         scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(
-            token.strip().encode(), self.api_key
-        ):
-            message = (
-                "missing API key: send `Authorization: Bearer <key>`"
-                if not auth
-                else "incorrect API key provided"
-            )
-            await _send_error(
-                send,
-                401,
-                message,
-                "authentication_error",
-                "invalid_api_key",
-                [(b"www-authenticate", b"Bearer")],
-            )
+        if scheme.lower() == "bearer" and self._valid(token.strip()):
+            await self.app(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if browser:
+            if self._valid(_cookie(scope, COOKIE_NAME)):
+                await self.app(scope, receive, send)
+                return
+            query_key = _query_value(scope, "api_key")
+            if query_key is not None and self._valid(query_key):
+                if path == prefix:
+                    await _redirect_with_cookie(send, path, query_key)
+                    return
+                await self.app(scope, receive, send)
+                return
+        message = (
+            "missing API key: send `Authorization: Bearer <key>`"
+            + (" (a browser: open /dashboard?api_key=KEY)" if browser else "")
+            if not auth
+            else "incorrect API key provided"
+        )
+        await _send_error(
+            send,
+            401,
+            message,
+            "authentication_error",
+            "invalid_api_key",
+            [(b"www-authenticate", b"Bearer")],
+        )
+
+    def _valid(self, token: str | None) -> bool:
+        return token is not None and secrets.compare_digest(token.encode(), self.api_key)
+
+
+COOKIE_NAME = "heddle_api_key"
+
+
+async def _redirect_with_cookie(send: Send, path: str, key: str) -> None:
+    cookie = f"{COOKIE_NAME}={quote(key)}; Path=/dashboard; HttpOnly; SameSite=Strict"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", path.encode()),
+                (b"set-cookie", cookie.encode("latin-1")),
+                (b"content-length", b"0"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _cookie(scope: Scope, name: str) -> str | None:
+    raw = _header(scope, b"cookie")
+    if not raw:
+        return None
+    for part in raw.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return unquote(value)
+    return None
+
+
+def _query_value(scope: Scope, name: str) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(name)
+    return values[0] if values else None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -65,7 +65,10 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     add_replica_arguments(p)
 
 
-def simulate_once(args: argparse.Namespace, rate: float | None, progress: bool) -> tuple[Any, Any]:
+def simulate_once(
+    args: argparse.Namespace, rate: float | None, progress: bool, recorder: Any = None
+) -> tuple[Any, Any]:
+    """One simulated run; `recorder` (a heddle.view ViewRecorder) watches its steps."""
     from heddle.sim.simulator import build_sim_engine, simulate
     from heddle.workloads import get_workload
 
@@ -91,6 +94,8 @@ def simulate_once(args: argparse.Namespace, rate: float | None, progress: bool) 
         cost_model=args.cost_model,
         max_model_len=args.max_model_len,
     )
+    if recorder is not None:
+        recorder.attach(engine)
     return workload, simulate(workload, engine, progress=progress)
 
 
@@ -105,10 +110,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.sweep:
         return _run_sweep(args, slo)
     progress = not args.no_progress and sys.stderr.isatty()
-    workload, result = simulate_once(args, args.rate, progress)
-    summary = summarize(result.records, slo=slo)
     load = f"{args.rate} req/s" if args.rate else "all at once"
     title = f"simulate {args.workload} @ {load} — {args.policy}, {args.model} on {args.hardware}"
+    recorder = None
+    if args.output_dir:
+        from heddle.view.record import ViewRecorder
+
+        recorder = ViewRecorder(title, slo=slo, info={"command": "simulate", "label": args.label})
+    workload, result = simulate_once(args, args.rate, progress, recorder)
+    summary = summarize(result.records, slo=slo)
     from rich.console import Console
 
     # Off a terminal rich assumes 80 columns, too narrow for the table: use a log's width.
@@ -139,6 +149,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(format_program_summary(summarize_programs(result.programs, result.records)))
     if args.output_dir:
         _write_outputs(args, workload, result, summary)
+    if recorder is not None:
+        view = recorder.save(Path(args.output_dir) / f"{args.label}.view.json.gz", result.records)
+        print(f"wrote {view}: open it with `heddle view {Path(args.output_dir) / args.label}.json`")
     return 0
 
 
@@ -207,5 +220,10 @@ def _run_sweep(args: argparse.Namespace, slo: Any) -> int:
         path = plot_sweep(
             points, Path(args.output_dir) / f"{args.label}_sweep.png", title=args.label
         )
-        print(f"wrote {path}")
+        data_path = Path(args.output_dir) / f"{args.label}_sweep.json"
+        from heddle.bench.report import _finite
+
+        sweep = {"points": [p.to_dict() for p in points], "config": {"policy": args.policy}}
+        data_path.write_text(json.dumps(_finite(sweep), indent=1) + "\n")
+        print(f"wrote {path} and {data_path}")
     return 0

@@ -12,7 +12,7 @@ from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import Eviction, Preemption, Recompute, StallInterval
 from heddle.engine.engine import Engine
 from heddle.request import SamplingParams
-from heddle.sim.simulator import simulate
+from heddle.sim.simulator import sim_engine, simulate
 from heddle.workloads import Workload, WorkloadRequest
 from tests.factories import CountingExecutor
 
@@ -39,13 +39,13 @@ def run(num_blocks: int, **scheduler: object):
         cache=CacheConfig(block_size=4),
         scheduler=SchedulerConfig(**{"decision_events": 1 << 20, **scheduler}),  # type: ignore[arg-type]
     )
-    return simulate(
-        workload(60),
+    engine = sim_engine(
         config,
         lambda clock: CountingExecutor(clock, step_time=STEP),
         num_blocks=num_blocks,
         vocab_size=1000,
     )
+    return simulate(workload(60), engine)
 
 
 def explained(events) -> tuple[dict[str, float], Counter[str]]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,111 @@
+"""The cost of decision events on the simulator's hot path: the same simulation with the ring
+buffer on and off, side by side.
+
+Chat requests on the Llama-3.1-8B/H100 roofline arrive (Poisson) at `--load` x the saturation
+throughput (as in benchmarks/sim_speed.py), once with `decision_events` at its default size and
+once with it off (0), alternating `--repeats` times. Reports the median wall time of each, the
+relative cost, the cost per step, and how many events a run logs. No step stats and no view
+probe: only what every run pays.
+
+    /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+from pathlib import Path
+
+from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
+from heddle.core.events import DEFAULT_CAPACITY
+from heddle.sim.simulator import build_sim_engine, simulate
+from heddle.workloads import get_workload
+
+
+def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, int, int]:
+    """(wall seconds, steps, events logged) of one simulation."""
+    config = EngineConfig(
+        cache=CacheConfig(block_size=16),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=8192, max_num_seqs=256, decision_events=events
+        ),
+    )
+    workload = get_workload("chat", seed=seed, num_requests=num_requests, rate=rate)
+    engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False)
+    result = simulate(workload, engine)
+    log = result.engine.scheduler.events if result.engine is not None else None
+    return result.wall_seconds, result.num_steps, 0 if log is None else log.num_events
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument("--saturation-requests", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="results/events_cost.json")
+    args = parser.parse_args()
+
+    from heddle.metrics import summarize
+
+    config = EngineConfig(
+        cache=CacheConfig(block_size=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+    )
+    saturated = simulate(
+        get_workload("chat", seed=args.seed, num_requests=args.saturation_requests, rate=math.inf),
+        build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False),
+    )
+    rate = args.load * summarize(saturated.records).overall.request_throughput
+    print(f"{cpu_model()}; chat at {rate:.1f} req/s, {args.num_requests} requests", flush=True)
+    walls: dict[str, list[float]] = {"on": [], "off": []}
+    steps = num_events = 0
+    for i in range(args.repeats):
+        for arm in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            wall, steps, logged = run(
+                args.num_requests, rate, args.seed, DEFAULT_CAPACITY if arm == "on" else 0
+            )
+            walls[arm].append(wall)
+            num_events = max(num_events, logged)
+            print(f"  events {arm:>3}: {wall:6.2f} s wall, {steps} steps, {logged} events")
+    on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
+    summary = {
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "num_requests": args.num_requests,
+        "rate": rate,
+        "num_steps": steps,
+        "num_events": num_events,
+        "wall_on": walls["on"],
+        "wall_off": walls["off"],
+        "median_on": on,
+        "median_off": off,
+        "overhead": on / off - 1,
+        "cost_per_step_us": 1e6 * (on - off) / steps,
+        "step_wall_us": 1e6 * off / steps,
+    }
+    print(
+        f"median wall: on {on:.2f} s, off {off:.2f} s: decision events cost "
+        f"{100 * summary['overhead']:+.2f}% ({summary['cost_per_step_us']:.2f} us per step of "
+        f"{summary['step_wall_us']:.0f} us); {num_events} events logged"
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The live dashboard's cost: a real `heddle serve` at 64 concurrent streams, dashboard open vs
+closed, and how far behind the engine the page is.
+
+One server (the embedded SmolLM2-135M, --max-num-seqs 64) serves alternating rounds of the
+bench client (`heddle bench serve`, closed loop at --concurrency 64, fixed lengths). In "open"
+rounds a headless Chromium (Debian's, driven by Playwright) has /dashboard open and following
+the live stream; in "closed" rounds no page is open. Reports per-round output throughput and
+mean TPOT, the median of each arm and their ratio, and the page's lag: for every batch of steps
+the stream delivers, the time from the step's end on the server to the page having drawn it.
+
+    /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the server did not become ready")
+
+
+def bench_round(base_url: str, args: argparse.Namespace, label: str, out: Path) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "heddle", "bench", "serve",
+        "--base-url", base_url,
+        "--workload", "random",
+        "--workload-option", f"input_len={args.input_len}",
+        "--workload-option", f"output_len={args.output_len}",
+        "--concurrency", str(args.concurrency),
+        "--num-requests", str(args.num_requests),
+        "--max-duration", str(args.max_duration),
+        "--seed", str(args.seed),
+        "--output-dir", str(out),
+        "--label", label,
+        "--no-progress",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    data = json.loads((out / f"{label}.json").read_text())
+    overall = data["summary"]["overall"]
+    return {
+        "label": label,
+        "output_throughput": overall["output_throughput"],
+        "tpot_mean": overall["tpot"]["mean"],
+        "completed": overall["num_completed"],
+        "wall_time": data["wall_time"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per arm (open, closed)")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--num-requests", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--max-duration", type=float, default=120.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--output", default="results/view_overhead.json")
+    args = parser.parse_args()
+
+    from playwright.sync_api import sync_playwright
+
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "heddle", "serve", "--port", str(port), "--log-level", "warning",
+         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "512"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    rounds: list[dict[str, Any]] = []
+    lags: list[float] = []
+    try:
+        wait_ready(base_url, server)
+        with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
+            browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+            # Warm-up round (first-step compilation, allocator), not counted.
+            bench_round(base_url, args, "warmup", Path(tmp))
+            for i in range(args.rounds):
+                for arm in ("closed", "open") if i % 2 == 0 else ("open", "closed"):
+                    page = None
+                    if arm == "open":
+                        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                        page.goto(f"{base_url}/dashboard")
+                        page.wait_for_function("window.heddleView && window.heddleView.ready.all")
+                    result = bench_round(base_url, args, f"{arm}-{i}", Path(tmp))
+                    result["arm"] = arm
+                    if page is not None:
+                        steps = httpx.get(f"{base_url}/health").json()["engine"]["num_steps"]
+                        page.wait_for_function(
+                            f"window.heddleView.stats.stepsSeen >= {steps}", timeout=10_000
+                        )
+                        page.wait_for_timeout(500)
+                        stats = page.evaluate("() => window.heddleView.stats")
+                        result["page_lags_ms"] = stats["lags"]
+                        result["page_errors"] = stats["errors"]
+                        lags.extend(stats["lags"])
+                        page.close()
+                    rounds.append(result)
+                    print(
+                        f"{result['label']:>9}: {result['output_throughput']:7.1f} tok/s, "
+                        f"TPOT {1000 * result['tpot_mean']:6.1f} ms, {result['completed']} done",
+                        flush=True,
+                    )
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(60)
+
+    def median(arm: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds if r["arm"] == arm)
+
+    closed, opened = median("closed", "output_throughput"), median("open", "output_throughput")
+    tpot_closed, tpot_open = median("closed", "tpot_mean"), median("open", "tpot_mean")
+    lags.sort()
+    summary = {
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "throughput_closed": closed,
+        "throughput_open": opened,
+        "slowdown": 1 - opened / closed,
+        "tpot_closed": tpot_closed,
+        "tpot_open": tpot_open,
+        "lag_ms_p50": lags[len(lags) // 2] if lags else None,
+        "lag_ms_p99": lags[int(0.99 * (len(lags) - 1))] if lags else None,
+        "lag_ms_max": lags[-1] if lags else None,
+        "num_lag_samples": len(lags),
+        "rounds_detail": [{k: v for k, v in r.items() if k != "page_lags_ms"} for r in rounds],
+    }
+    print(
+        f"{summary['machine']}\nmedian output throughput: closed {closed:.1f} tok/s, open "
+        f"{opened:.1f} tok/s ({100 * summary['slowdown']:+.2f}% slower with the dashboard open); "
+        f"TPOT {1000 * tpot_closed:.1f} vs {1000 * tpot_open:.1f} ms\n"
+        f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
+        f"p99 {summary['lag_ms_p99']:.0f} ms, max {summary['lag_ms_max']:.0f} ms "
+        f"({len(lags)} updates)"
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

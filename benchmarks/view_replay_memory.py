@@ -1,0 +1,177 @@
+"""Memory of a browser tab replaying a large simulation in `heddle view`.
+
+Simulates `--num-requests` chat requests (Llama-3.1-8B on the H100 roofline, `heddle simulate
+--output-dir`, which saves the view file), serves it as `heddle view` does, and opens it in
+headless Chromium (Debian's, driven by Playwright). The page then shows the whole run, plays it
+for `--play-seconds`, zooms into a tenth of it and goes back to the whole run. Memory is read
+while it does: the tab's renderer process (resident set, from /proc) and the JS heap (Chrome
+DevTools Protocol). The page holds at most a window of buckets the server aggregated, so
+neither should grow with the run's length.
+
+    .venv/bin/python benchmarks/view_replay_memory.py --num-requests 100000
+    .venv/bin/python benchmarks/view_replay_memory.py --run results/view_100k/simulate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def renderer_rss_mb() -> float:
+    """The largest resident set among Chromium renderer processes (one per tab), in MB."""
+    largest = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"--type=renderer" not in cmdline or b"chromium" not in cmdline:
+                continue
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    largest = max(largest, int(line.split()[1]))
+        except OSError:
+            continue
+    return largest / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=100_000)
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--run", default=None, help="a saved run to open instead of simulating")
+    parser.add_argument("--play-seconds", type=float, default=20.0)
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--output", default="results/view_replay_memory.json")
+    args = parser.parse_args()
+
+    if args.run is None:
+        directory = Path(f"results/view_{args.num_requests}")
+        command = [
+            sys.executable, "-m", "heddle", "simulate", "--workload", "chat",
+            "--rate", str(args.rate), "--num-requests", str(args.num_requests),
+            "--model", "llama-3.1-8b", "--hardware", "h100",
+            "--output-dir", str(directory), "--no-progress",
+        ]  # fmt: skip
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        print(f"simulated in {time.perf_counter() - started:.0f} s", flush=True)
+        run = directory / "simulate.json"
+    else:
+        run = Path(args.run)
+
+    import uvicorn
+    from playwright.sync_api import sync_playwright
+
+    from heddle.view.cli import build_view_app, load_store
+    from heddle.view.saved import view_path_for
+
+    started = time.perf_counter()
+    store = load_store(str(run))
+    load_seconds = time.perf_counter() - started
+    meta = store.meta()
+    view_file = view_path_for(run)
+    print(
+        f"loaded {meta['num_steps']} steps, {meta['num_requests']} requests, "
+        f"{meta['num_events']} events in {load_seconds:.1f} s "
+        f"({view_file.stat().st_size / 1e6:.1f} MB file)",
+        flush=True,
+    )
+    server = uvicorn.Server(uvicorn.Config(build_view_app(store), port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}/dashboard"
+    samples: list[dict[str, Any]] = []
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            cdp = page.context.new_cdp_session(page)
+            cdp.send("Performance.enable")
+
+            def sample(phase: str) -> None:
+                metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                samples.append(
+                    {
+                        "phase": phase,
+                        "renderer_rss_mb": renderer_rss_mb(),
+                        "js_heap_used_mb": metrics.get("JSHeapUsedSize", 0) / 2**20,
+                        "js_heap_total_mb": metrics.get("JSHeapTotalSize", 0) / 2**20,
+                        "steps_drawn": page.evaluate("() => window.heddleView.stats.stepsDrawn"),
+                    }
+                )
+                print(samples[-1], flush=True)
+
+            t0 = time.perf_counter()
+            page.goto(url)
+            page.wait_for_function("window.heddleView && window.heddleView.ready.all", timeout=120_000)
+            first_draw = time.perf_counter() - t0
+            sample("whole run")
+            page.click("#btn-play")
+            deadline = time.monotonic() + args.play_seconds
+            while time.monotonic() < deadline:
+                page.wait_for_timeout(2000)
+                sample("playing")
+            page.click("#btn-play")
+            page.wait_for_timeout(500)
+            span = (meta["end"] or 0) - (meta["start"] or 0)
+            page.evaluate(
+                f"() => window.heddleView.state.window = {{start: {span * 0.45}, end: {span * 0.55}}}"
+            )
+            page.click("#btn-all")
+            page.wait_for_timeout(1000)
+            sample("whole run again")
+            errors = page.evaluate("() => window.heddleView.stats.errors")
+            browser.close()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    summary = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "run": str(run),
+        "num_steps": meta["num_steps"],
+        "num_requests": meta["num_requests"],
+        "num_events": meta["num_events"],
+        "view_file_mb": view_file.stat().st_size / 1e6,
+        "load_seconds": load_seconds,
+        "first_draw_seconds": first_draw,
+        "server_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "tab_rss_mb_max": max(s["renderer_rss_mb"] for s in samples),
+        "js_heap_used_mb_max": max(s["js_heap_used_mb"] for s in samples),
+        "page_errors": errors,
+        "samples": samples,
+    }
+    print(
+        f"{meta['num_requests']} requests, {meta['num_steps']} steps: tab (renderer) RSS max "
+        f"{summary['tab_rss_mb_max']:.0f} MB, JS heap max {summary['js_heap_used_mb_max']:.1f} MB; "
+        f"first draw {first_draw:.1f} s; `heddle view` process max RSS "
+        f"{summary['server_max_rss_mb']:.0f} MB, load {load_seconds:.1f} s"
+    )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

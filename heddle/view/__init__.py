@@ -1,0 +1,1 @@
+"""The live web view of the engine, and its replay of saved runs (`heddle view`)."""

@@ -1,0 +1,180 @@
+"""The dashboard in a real browser (headless Chromium): a replayed simulation and a live server
+under a bounded load. Each panel must draw data, not merely load; screenshots go to
+results/view/."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
+from heddle.engine.engine import Engine
+from heddle.metrics.jsonl import record_to_dict
+from heddle.view.cli import build_view_app, load_store
+from heddle.view.saved import view_path_for
+from tests.server.live import MAX_MODEL_LEN, LiveServer, shared_executor
+from tests.view.browser import AppServer, launch, open_dashboard, screenshot, view_stats
+from tests.view.factories import recorded_run
+
+PANELS = ("chart-tokens", "chart-batch", "chart-kv", "chart-queues", "chart-ttft", "chart-e2e")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    yield from launch()
+
+
+def canvases(page: Any, chart_id: str) -> int:
+    return int(page.locator(f"#{chart_id} canvas").count())
+
+
+def test_replayed_simulation_draws_every_panel(browser: Any, tmp_path: Path) -> None:
+    result, recorder = recorded_run()
+    run_json = tmp_path / "run.json"
+    run_json.write_text(json.dumps({"records": [record_to_dict(r) for r in result.records]}))
+    recorder.save(view_path_for(run_json), result.records)
+    sweep = tmp_path / "sweep.json"
+    points = [
+        {"offered_load": r, "request_throughput": min(r, 9.0), "ttft_p99": 0.04 if r < 9 else r}
+        for r in (2, 4, 8, 12, 16)
+    ]
+    sweep.write_text(json.dumps({"points": points}))
+    store = load_store(str(run_json), sweep=str(sweep))
+    with AppServer(build_view_app(store)) as server:
+        page = open_dashboard(browser, f"{server.url}/dashboard")
+        try:
+            stats = view_stats(page)
+            # Every step of the run is drawn (in buckets, each counting its steps).
+            assert stats["stepsDrawn"] == result.num_steps == stats["stepsSeen"]
+            assert int(page.inner_text("#num-steps")) == result.num_steps
+            for chart in (*PANELS, "chart-steptime", "chart-knee"):
+                assert canvases(page, chart) >= 1, f"{chart} drew nothing"
+            foot = page.inner_text("#timeline-foot")
+            assert f"{result.num_preemptions} preemptions" in foot
+            assert "Up to about 8 req/s" in page.inner_text("#knee-sentence")
+            goodput = page.inner_text("#goodput")
+            assert "chat" in goodput and "batch" in goodput and "within SLO" in goodput
+            # The request most preempted: its drill-down says so.
+            page.select_option("#request-sort", "preemptions")
+            victim = max(result.records, key=lambda r: r.num_preemptions)
+            page.wait_for_selector(f'#request-list tr[data-id="{victim.request_id}"]')
+            page.click(f'#request-list tr[data-id="{victim.request_id}"]')
+            page.wait_for_function(f"window.heddleView.ready.request === '{victim.request_id}'")
+            why = page.inner_text("#why")
+            assert "preempted" in why and "because" in why  # reasons, from the decision events
+            assert page.locator("#request-lane .seg[data-kind=preempted]").count() >= 1
+            assert page.locator("#request-lane .seg[data-kind=decode]").count() >= 1
+            assert page.locator("#request-reasons tr[data-reason]").count() >= 1
+            screenshot(page, "replay", ("timeline", "kv", "queues", "latency", "request"))
+            # Drag across the timeline: the page asks for that window only.
+            page.locator("#chart-tokens").scroll_into_view_if_needed()
+            box = page.locator("#chart-tokens .u-over").bounding_box()
+            y = box["y"] + box["height"] / 2
+            page.mouse.move(box["x"] + box["width"] * 0.25, y)
+            page.mouse.down()
+            page.mouse.move(box["x"] + box["width"] * 0.5, y, steps=5)
+            page.mouse.up()
+            page.wait_for_function(
+                f"window.heddleView.stats.stepsDrawn < {result.num_steps}", timeout=10_000
+            )
+            assert 0 < view_stats(page)["stepsDrawn"] < result.num_steps
+            assert page.errors == []  # type: ignore[attr-defined]
+        finally:
+            page.close()
+
+
+@pytest.mark.slow
+def test_live_server_dashboard_follows_a_bounded_load(browser: Any) -> None:
+    executor = shared_executor()
+    # 24 KV blocks (384 tokens) for 8 concurrent requests of ~80 tokens: some are preempted.
+    config = EngineConfig(
+        cache=CacheConfig(block_size=16, num_blocks=24),
+        scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
+    )
+    engine = Engine(
+        config,
+        executor,
+        num_blocks=24,
+        tokenizer=executor.tokenizer,
+        eos_token_id=executor.eos_token_id,
+        max_model_len=MAX_MODEL_LEN,
+        vocab_size=executor.arch.vocab_size,
+    )
+    server = LiveServer(engine).start()
+    page = None
+    try:
+        page = open_dashboard(browser, f"{server.base_url}/dashboard")
+        assert page.inner_text("#mode") == "live"
+        _send_load(server.base_url, num_requests=12, concurrency=8)
+        server.wait_idle(30)
+        health = httpx.get(f"{server.base_url}/health").json()["engine"]
+        steps = health["num_steps"]
+        assert steps > 0 and health["num_preemptions_total"] > 0
+        # The page catches up with the server's step counter and draws every step.
+        page.wait_for_function(
+            f"window.heddleView.stats.stepsSeen === {steps}"
+            f" && window.heddleView.stats.stepsDrawn === {steps}",
+            timeout=10_000,
+        )
+        stats = view_stats(page)
+        lags = sorted(stats["lags"])
+        assert lags and lags[len(lags) // 2] < 1000, f"median page lag {lags[len(lags) // 2]} ms"
+        for chart in PANELS:
+            page.wait_for_selector(f"#{chart} canvas", timeout=10_000)
+        # A request the engine preempted: its drill-down shows the preemption.
+        rows = httpx.get(f"{server.base_url}/dashboard/api/requests?sort=preemptions").json()
+        victim = rows[0]
+        assert victim["preemptions"] > 0
+        page.fill("#request-id", victim["id"])
+        page.click("#request-form button")
+        page.wait_for_function(f"window.heddleView.ready.request === '{victim['id']}'")
+        assert "preempted" in page.inner_text("#why")
+        assert page.locator("#request-lane .seg[data-kind=preempted]").count() >= 1
+        screenshot(page, "live", ("timeline", "request", "pictures"))
+        assert page.errors == []  # type: ignore[attr-defined]
+    finally:
+        if page is not None:
+            page.close()  # closes its event stream before the server stops
+        server.stop()
+
+
+def _send_load(base_url: str, num_requests: int, concurrency: int) -> None:
+    """`num_requests` streamed completions, `concurrency` at a time; bounded in time."""
+    failures: list[str] = []
+    lock = threading.Lock()
+    next_index = [0]
+
+    def worker() -> None:
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            while True:
+                with lock:
+                    index = next_index[0]
+                    next_index[0] += 1
+                if index >= num_requests:
+                    return
+                body = {
+                    "prompt": f"Request {index}: tell me a story about a loom and its heddles.",
+                    "max_tokens": 64,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
+                with client.stream("POST", "/v1/completions", json=body) as response:
+                    text = "".join(response.iter_text())
+                if response.status_code != 200 or "[DONE]" not in text:
+                    failures.append(f"{response.status_code}: {text[:200]}")
+
+    deadline = time.monotonic() + 120
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not failures, failures
+    assert all(not t.is_alive() for t in threads), "the load did not finish in time"
