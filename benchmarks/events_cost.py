@@ -13,17 +13,41 @@ probe: only what every run pays.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
+
+
+class GCTimer:
+    """Seconds the garbage collector ran while installed (its passes are part of the cost)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> GCTimer:
+        gc.collect()
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
 
 
 def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, int, int]:
@@ -74,15 +98,22 @@ def main() -> None:
     rate = args.load * summarize(saturated.records).overall.request_throughput
     print(f"{cpu_model()}; chat at {rate:.1f} req/s, {args.num_requests} requests", flush=True)
     walls: dict[str, list[float]] = {"on": [], "off": []}
+    gcs: dict[str, list[float]] = {"on": [], "off": []}
     steps = num_events = 0
     for i in range(args.repeats):
         for arm in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            wall, steps, logged = run(
-                args.num_requests, rate, args.seed, DEFAULT_CAPACITY if arm == "on" else 0
-            )
+            with GCTimer() as collector:
+                wall, steps, logged = run(
+                    args.num_requests, rate, args.seed, DEFAULT_CAPACITY if arm == "on" else 0
+                )
             walls[arm].append(wall)
+            gcs[arm].append(collector.seconds)
             num_events = max(num_events, logged)
-            print(f"  events {arm:>3}: {wall:6.2f} s wall, {steps} steps, {logged} events")
+            print(
+                f"  events {arm:>3}: {wall:6.2f} s wall ({collector.seconds:.2f} s in the "
+                f"garbage collector), {steps} steps, {logged} events",
+                flush=True,
+            )
     on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
     summary = {
         "machine": f"{cpu_model()}, {os.cpu_count()} cores",
@@ -92,6 +123,8 @@ def main() -> None:
         "num_events": num_events,
         "wall_on": walls["on"],
         "wall_off": walls["off"],
+        "gc_on": gcs["on"],
+        "gc_off": gcs["off"],
         "median_on": on,
         "median_off": off,
         "overhead": on / off - 1,
