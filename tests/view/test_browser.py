@@ -104,7 +104,7 @@ def test_live_server_dashboard_follows_a_bounded_load(browser: Any) -> None:
         tokenizer=executor.tokenizer,
         eos_token_id=executor.eos_token_id,
         max_model_len=MAX_MODEL_LEN,
-        vocab_size=executor.arch.vocab_size,
+        vocab_size=executor.model_shape.vocab_size,
     )
     server = LiveServer(engine).start()
     page = None
