@@ -14,6 +14,11 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads on CPU; None: leave as is
+    # auto | none | int8 | int4: weight-only quantized linear layers on CPU
+    # (see heddle/model/linear_plan.py; auto keeps a quantized file's own blocks).
+    quantization: str = field(default="auto", metadata={"help": (
+        "auto | none | int8 | int4: weight-only quantized linear layers on CPU (auto: a "
+        "quantized GGUF's own blocks where they are faster, chosen per step size at load)")})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16"):
@@ -24,6 +29,10 @@ class ModelConfig:
             raise HeddleError(f"unknown device {self.device!r}: use auto, cpu or cuda")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise HeddleError("max_model_len must be positive")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise HeddleError(
+                f"unknown quantization {self.quantization!r}: use auto, none, int8 or int4"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ def gguf_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smol_executor() -> ModelExecutor:
-    return ModelExecutor(ModelConfig(dtype="float32"), CacheConfig(block_size=16, num_blocks=512))
+    return ModelExecutor(ModelConfig(dtype="float32", quantization="none"),
+                         CacheConfig(block_size=16, num_blocks=512))
 
 
 @pytest.fixture(scope="session")

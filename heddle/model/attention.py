@@ -18,8 +18,9 @@ kernel would replace.
 Tokens of a step are laid out as: single-token rows (decodes) first, then the multi-token
 prefill chunks.
 
-Decodes: when the C kernel of heddle.model.kernels is available (float32 on CPU), one call per
-layer attends all decode rows straight from the paged cache. Otherwise (the plain-torch
+Decodes: when the C kernel of heddle.model.kernels is available (float32 or bfloat16 on CPU),
+one call per layer attends all decode rows straight from the paged cache, and the same library
+stores the step's new K/V. Otherwise (the plain-torch
 reference, also used for bf16/fp16 and CUDA) decodes run batched in a few groups of similar
 context length: per group and layer, one gather copies the group's blocks (K and V) into a
 padded [kv_heads * batch, max_blocks * block_size, head_dim] context, an additive mask hides
@@ -112,7 +113,10 @@ def paged_attention(
     num_tokens, num_heads, head_dim = q.shape
     _, num_kv_heads, _, block_size, _ = kv_cache.shape
     group = num_heads // num_kv_heads
-    write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
+    if backend is not None and backend.decode_kernel is not None:
+        backend.decode_kernel.store(kv_cache, k, v, metadata.slot_mapping)
+    else:
+        write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
     out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
     gather_buffer = backend.gather_buffer if backend is not None else None
 
@@ -122,10 +126,10 @@ def paged_attention(
             raise ValueError("metadata built for a decode kernel, but there is none")
         batch = metadata.num_decode_tokens
         attn = backend.decode_kernel(
-            kv_cache, q[:batch].view(batch, num_kv_heads, group, head_dim) * scale,
+            kv_cache, q[:batch].view(batch, num_kv_heads, group, head_dim).float() * scale,
             tables.block_tables, tables.context_lens, metadata.sliding_window,
         )  # [batch, KVH, group, D]
-        out[:batch] = attn.view(batch, num_heads * head_dim)
+        out[:batch] = attn.view(batch, num_heads * head_dim)  # (cast to the model's dtype)
 
     for group_rows in metadata.decode_groups:
         # Two batched matmuls over (head, request) pairs; on CPU this matched or beat SDPA's

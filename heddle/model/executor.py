@@ -36,7 +36,8 @@ class ModelExecutor:
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if model_config.num_threads:
             torch.set_num_threads(model_config.num_threads)
-        loaded = load_model(model_config.model)
+        loaded = load_model(model_config.model,
+                            keep_blocks=model_config.quantization != "none")
         spec = loaded.spec
         self.spec: ModelSpec = spec
         self.model_name = loaded.name
@@ -48,8 +49,12 @@ class ModelExecutor:
         with torch.inference_mode():
             self.model = LlamaForCausalLM(spec, loaded.weights, dtype=self.dtype,
                                           device=self.device, max_positions=self.max_model_len,
-                                          use_decode_kernel=use_decode_kernel)
+                                          use_decode_kernel=use_decode_kernel,
+                                          quantization=model_config.quantization,
+                                          blocks=loaded.blocks)
+            self.quantization = self.model.tune_linears()
         loaded.weights.clear()
+        loaded.blocks.clear()
         self.model_shape = spec.shape(self.model_name, str(self.dtype).removeprefix("torch."))
 
         self.block_size = cache_config.block_size

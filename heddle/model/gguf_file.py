@@ -20,6 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from heddle.errors import ModelLoadError
+from heddle.model.quant import BlockQuantized
 
 GGUF_MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -104,6 +105,13 @@ class GGUFFile:
         info = self.tensors[name]
         return dequantize(self.raw(name), info.ggml_type, info.shape)
 
+    def blocks(self, name: str) -> BlockQuantized | None:
+        """A Q4_0 / Q4_1 / Q8_0 matrix as its own blocks (codes, scales, mins), else None."""
+        info = self.tensors[name]
+        if info.ggml_type not in _BLOCK_TYPES or len(info.shape) != 2:
+            return None
+        return block_quantized(self.raw(name), info.ggml_type, info.shape)
+
     def close(self) -> None:
         self._map.close()
 
@@ -150,6 +158,31 @@ def _dequantize_simple(raw: torch.Tensor, ggml_type: GGMLQuantizationType) -> to
         minimum = blocks[:, 2:4].contiguous().view(torch.float16).float()
         return (scale * nibbles + minimum).reshape(-1)
     return (scale * (nibbles - 8.0)).reshape(-1)
+
+
+_BLOCK_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0)
+
+
+def block_quantized(data: np.ndarray, ggml_type: GGMLQuantizationType,
+                    shape: tuple[int, ...]) -> BlockQuantized:
+    """Raw Q4_0 / Q4_1 / Q8_0 bytes of a [N, K] matrix -> codes [N, K], scales and mins
+    [N, K / 32] with w = scale * code + min (the arithmetic of _dequantize_simple)."""
+    rows, cols = shape
+    raw = torch.from_numpy(data.copy())
+    type_size = GGML_QUANT_SIZES[ggml_type][1]
+    blocks = raw.view(-1, type_size)
+    scales = blocks[:, 0:2].contiguous().view(torch.float16).float().view(rows, cols // 32)
+    if ggml_type == GGMLQuantizationType.Q8_0:
+        codes = blocks[:, 2:].contiguous().view(torch.int8).view(rows, cols)
+        return BlockQuantized(codes, scales, torch.zeros_like(scales), 8)
+    offset = 4 if ggml_type == GGMLQuantizationType.Q4_1 else 2
+    packed = blocks[:, offset:]
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=1).view(rows, cols)
+    if ggml_type == GGMLQuantizationType.Q4_1:
+        mins = blocks[:, 2:4].contiguous().view(torch.float16).float().view(rows, cols // 32)
+    else:  # Q4_0: scale * (code - 8)
+        mins = -8.0 * scales
+    return BlockQuantized(codes, scales, mins, 4)
 
 
 def _read_string(buf: mmap.mmap, pos: int) -> tuple[str, int]:

@@ -14,6 +14,7 @@ from tokenizers.models import BPE
 
 from heddle.errors import ModelLoadError
 from heddle.model.gguf_file import GGUFFile
+from heddle.model.quant import BlockQuantized
 from heddle.model.spec import ModelSpec, RopeScaling
 from heddle.model.tokenizer import Tokenizer
 
@@ -59,15 +60,20 @@ _PRE_TOKENIZER_SPLITS = {
 _TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED = 3, 4
 
 
-def load_gguf(path: Path) -> tuple[ModelSpec, dict[str, torch.Tensor], Tokenizer]:
+def load_gguf(
+    path: Path, keep_blocks: bool = False
+) -> tuple[ModelSpec, dict[str, torch.Tensor], Tokenizer, dict[str, BlockQuantized]]:
+    """Spec, float32 weights, tokenizer; with `keep_blocks`, also the Q4_0 / Q4_1 / Q8_0
+    matrices as their own blocks (HF names, same row order as the float weights)."""
     gguf = GGUFFile(path)
     try:
         spec = spec_from_gguf(gguf)
         tokenizer = tokenizer_from_gguf(gguf)
         weights = weights_from_gguf(gguf, spec)
+        blocks = blocks_from_gguf(gguf, spec) if keep_blocks else {}
     finally:
         gguf.close()
-    return spec, weights, tokenizer
+    return spec, weights, tokenizer, blocks
 
 
 def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
@@ -114,34 +120,61 @@ def spec_from_gguf(gguf: GGUFFile) -> ModelSpec:
     )
 
 
-def weights_from_gguf(gguf: GGUFFile, spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """All tensors, float32, in Hugging Face names and layouts.
+def _hf_name(name: str) -> str | None:
+    hf_name = _GLOBAL_NAMES.get(name)
+    match = _LAYER_TENSOR.fullmatch(name)
+    if hf_name is None and match is not None and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        hf_name = f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return hf_name  # None: e.g. rope_freqs of other kinds; not used by the network
 
-    llama.cpp's converter permutes the rows of q_proj/k_proj of "llama" models so that its
-    RoPE can rotate adjacent pairs; we undo it (as transformers does) and rotate halves.
-    """
-    unpermute = gguf.get("general.architecture") == "llama"
+
+def _rope_heads(gguf: GGUFFile, spec: ModelSpec, hf_name: str) -> int | None:
+    """llama.cpp's converter permutes the rows of q_proj/k_proj of "llama" models so that its
+    RoPE can rotate adjacent pairs; we undo it (as transformers does) and rotate halves."""
+    if gguf.get("general.architecture") != "llama":
+        return None
+    if ".q_proj." in hf_name:
+        return spec.num_heads
+    if ".k_proj." in hf_name:
+        return spec.num_kv_heads
+    return None
+
+
+def weights_from_gguf(gguf: GGUFFile, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """All tensors, float32, in Hugging Face names and layouts."""
     weights: dict[str, torch.Tensor] = {}
     for name in gguf.tensors:
         if name == "rope_freqs.weight":  # llama3 rope scaling factors, one per frequency
             weights["rope_freqs"] = gguf.tensor(name)
             continue
-        hf_name = _GLOBAL_NAMES.get(name)
-        match = _LAYER_TENSOR.fullmatch(name)
-        if hf_name is None and match is not None and match.group(2) in _LAYER_NAMES:
-            layer, part, kind = match.groups()
-            hf_name = f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        hf_name = _hf_name(name)
         if hf_name is None:
-            continue  # e.g. rope_freqs of other kinds; not used by the network
+            continue
         tensor = gguf.tensor(name)
-        if unpermute and ".q_proj." in hf_name:
-            tensor = _unpermute_rope_rows(tensor, spec.num_heads)
-        elif unpermute and ".k_proj." in hf_name:
-            tensor = _unpermute_rope_rows(tensor, spec.num_kv_heads)
+        heads = _rope_heads(gguf, spec, hf_name)
+        if heads is not None:
+            tensor = _unpermute_rope_rows(tensor, heads)
         weights[hf_name] = tensor
     if "model.embed_tokens.weight" not in weights:
         raise ModelLoadError(f"{gguf.path.name} has no token_embd.weight tensor")
     return weights
+
+
+def blocks_from_gguf(gguf: GGUFFile, spec: ModelSpec) -> dict[str, BlockQuantized]:
+    """The Q4_0 / Q4_1 / Q8_0 matrices as their own blocks, rows ordered as weights_from_gguf's."""
+    blocks: dict[str, BlockQuantized] = {}
+    for name in gguf.tensors:
+        hf_name = _hf_name(name)
+        quantized = gguf.blocks(name) if hf_name is not None else None
+        if hf_name is None or quantized is None:
+            continue
+        heads = _rope_heads(gguf, spec, hf_name)
+        if heads is not None:
+            rows = torch.arange(quantized.shape[0]).unsqueeze(1)
+            quantized = quantized.select_rows(_unpermute_rope_rows(rows, heads).squeeze(1))
+        blocks[hf_name] = quantized
+    return blocks
 
 
 def _unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from heddle.model.device import cpu_has_native_bf16
 from heddle.model.spec import ModelSpec, RopeScaling
 
 # Row count the oneDNN weight layout is tuned for; any row count works.
@@ -17,16 +18,20 @@ _PACK_BATCH_HINT = 64
 class Linear:
     """y = x @ W.T (+ b), W: [out_features, in_features].
 
-    On CPU in float32 the weight is reordered once into oneDNN's blocked layout: on AVX2
-    machines that runs the small-M matmuls of decoding 1.3-2x faster than MKL's sgemm
-    behind F.linear. Elsewhere, or if the private op is missing, it is plain F.linear.
+    On CPU the weight is reordered once into oneDNN's blocked layout, in float32 and (on CPUs
+    with native bf16: AVX512-BF16 / AMX) in bfloat16. On AVX2 machines that ran the small-M
+    float32 matmuls of decoding 1.3-2x faster than MKL's sgemm behind F.linear; on a Xeon with
+    AMX, bf16 matmuls of SmolLM2's shapes ran 1.3-3.5x faster than bf16 F.linear at 1-256 rows
+    (results of benchmarks/linear_microbench.py in docs/BENCHMARKS.md). Elsewhere, or if the
+    private op is missing, it is plain F.linear.
     """
 
-    __slots__ = ("bias", "in_features", "out_features", "packed", "weight")
+    __slots__ = ("bias", "dtype", "in_features", "out_features", "packed", "weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  prepack: bool = True) -> None:
         self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
         self.bias = bias
         self.packed: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
@@ -47,9 +52,13 @@ class Linear:
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:
+    if weight.dtype == torch.bfloat16:
+        dtype_ok = cpu_has_native_bf16()  # emulated bf16 in oneDNN is no gain
+    else:
+        dtype_ok = weight.dtype == torch.float32
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and dtype_ok
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )

@@ -8,7 +8,9 @@ q/k/v into one matmul, gate/up into another.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,39 +19,58 @@ from heddle.errors import ModelLoadError
 from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attention
 from heddle.model.attention_metadata import AttentionMetadata
 from heddle.model.kernels import load_decode_kernel
-from heddle.model.layers import Linear, RotaryEmbedding, rms_norm, rope_inv_freq
+from heddle.model.layers import RotaryEmbedding, rms_norm, rope_inv_freq
+from heddle.model.linear_plan import (
+    LinearBuilder,
+    LinearLayer,
+    describe,
+    linear_weight_bytes,
+    tune_dispatch,
+)
+from heddle.model.quant import BlockQuantized
 from heddle.model.spec import ModelSpec
 
+logger = logging.getLogger(__name__)
+
+# attend(q [T, H, D], k [T, KVH, D], v [T, KVH, D], kv_cache, scale) -> [T, H * D]: stores the
+# new K/V in the layer's paged cache and attends.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 class DecoderLayer:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], prefix: str,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        def take(name: str) -> torch.Tensor:
+                 linears: LinearBuilder) -> None:
+        dtype, device = linears.dtype, linears.device
+
+        def raw(name: str) -> torch.Tensor:
             key = prefix + name
             if key not in weights:
                 raise ModelLoadError(f"weight {key} is missing")
-            return weights.pop(key).to(device=device, dtype=dtype)
+            return weights.pop(key)
+
+        def take(name: str) -> torch.Tensor:
+            return raw(name).to(device=device, dtype=dtype)
 
         def maybe(name: str) -> torch.Tensor | None:
             return take(name) if prefix + name in weights else None
 
+        def linear(kind: str, names: list[str], bias: torch.Tensor | None = None) -> LinearLayer:
+            return linears.build(kind, [prefix + n for n in names], [raw(n) for n in names],
+                                 bias)
+
         self.spec = spec
         self.input_norm = take("input_layernorm.weight")
         self.post_attention_norm = take("post_attention_layernorm.weight")
-        qkv_weight = torch.cat([take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"),
-                                take("self_attn.v_proj.weight")])
         qkv_bias = None
         if spec.attention_bias:
             q_bias, k_bias, v_bias = (maybe(f"self_attn.{p}_proj.bias") for p in "qkv")
             if q_bias is not None and k_bias is not None and v_bias is not None:
                 qkv_bias = torch.cat([q_bias, k_bias, v_bias])
-        self.qkv_proj = Linear(qkv_weight, qkv_bias)
-        self.o_proj = Linear(take("self_attn.o_proj.weight"), maybe("self_attn.o_proj.bias"))
+        self.qkv_proj = linear("qkv", [f"self_attn.{p}_proj.weight" for p in "qkv"], qkv_bias)
+        self.o_proj = linear("o", ["self_attn.o_proj.weight"], maybe("self_attn.o_proj.bias"))
         self.q_norm = take("self_attn.q_norm.weight") if spec.qk_norm else None
         self.k_norm = take("self_attn.k_norm.weight") if spec.qk_norm else None
-        self.gate_up_proj = Linear(torch.cat([take("mlp.gate_proj.weight"),
-                                              take("mlp.up_proj.weight")]))
-        self.down_proj = Linear(take("mlp.down_proj.weight"))
+        self.gate_up_proj = linear("gate_up", ["mlp.gate_proj.weight", "mlp.up_proj.weight"])
+        self.down_proj = linear("down", ["mlp.down_proj.weight"])
         self.scale = 1.0 / math.sqrt(spec.head_dim)
 
     def forward(
@@ -59,8 +80,7 @@ class DecoderLayer:
         sin: torch.Tensor,  # [T, 1, D]
         rope: RotaryEmbedding,
         kv_cache: torch.Tensor,  # [2, KVH, num_blocks, block_size, D]
-        metadata: AttentionMetadata,
-        backend: AttentionBackend,
+        attend: Attend,
     ) -> torch.Tensor:
         spec = self.spec
         num_tokens = hidden.shape[0]
@@ -75,7 +95,7 @@ class DecoderLayer:
                             rms_norm(k, self.k_norm, spec.rms_norm_eps)], dim=1)
         qk = rope.apply(qk, cos, sin)  # q and k heads rotated together
         q, k = qk.split([spec.num_heads, spec.num_kv_heads], dim=1)
-        attn = paged_attention(q, k, v, kv_cache, metadata, self.scale, backend)
+        attn = attend(q, k, v, kv_cache, self.scale)  # [T, H * D]
         hidden = hidden + self.o_proj(attn)
         x = rms_norm(hidden, self.post_attention_norm, spec.rms_norm_eps)
         gate, up = self.gate_up_proj(x).chunk(2, dim=1)
@@ -87,17 +107,21 @@ class LlamaForCausalLM:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], *,
                  dtype: torch.dtype, device: torch.device, max_positions: int,
-                 use_decode_kernel: bool = True) -> None:
+                 use_decode_kernel: bool = True, quantization: str = "none",
+                 blocks: dict[str, BlockQuantized] | None = None) -> None:
+        """`quantization` and `blocks` (a GGUF's own quantized matrices): see
+        heddle.model.linear_plan."""
         self.spec = spec
         self.dtype = dtype
         self.device = device
+        self.linears = LinearBuilder(quantization, dtype, device, dict(blocks or {}))
         weights = dict(weights)  # layers pop what they use
         embed = weights.pop("model.embed_tokens.weight", None)
         if embed is None:
             raise ModelLoadError("weight model.embed_tokens.weight is missing")
         self.embed_tokens = embed.to(device=device, dtype=dtype)
         self.layers = [
-            DecoderLayer(spec, weights, f"model.layers.{i}.", dtype, device)
+            DecoderLayer(spec, weights, f"model.layers.{i}.", self.linears)
             for i in range(spec.num_layers)
         ]
         norm = weights.pop("model.norm.weight", None)
@@ -105,19 +129,43 @@ class LlamaForCausalLM:
             raise ModelLoadError("weight model.norm.weight is missing")
         self.norm = norm.to(device=device, dtype=dtype)
         lm_head = weights.pop("lm_head.weight", None)
+        lm_head_name = "lm_head.weight"
         if spec.tie_word_embeddings or lm_head is None:
-            lm_head = self.embed_tokens
-        self.lm_head = Linear(lm_head.to(device=device, dtype=dtype))
+            lm_head, lm_head_name = embed, "model.embed_tokens.weight"
+        self.lm_head = self.linears.build("lm_head", [lm_head_name], [lm_head])
         inv_freq = rope_inv_freq(spec, weights.pop("rope_freqs", None))
         self.rope = RotaryEmbedding(inv_freq, max_positions, dtype, device)
-        # Reused by every layer and step. The C decode kernel runs on float32 CPU caches.
+        # Reused by every layer and step. The C decode kernel runs on float32 / bf16 CPU caches.
         decode_kernel = None
-        if device.type == "cpu" and dtype == torch.float32 and use_decode_kernel:
+        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and use_decode_kernel:
             decode_kernel = load_decode_kernel()
         self.attention = AttentionBackend(GatherBuffer(dtype, device), decode_kernel)
         unused = sorted(k for k in weights if k.startswith("model.layers.") and "rotary" not in k)
         if unused:  # e.g. MLP biases: refuse rather than silently compute something else
             raise ModelLoadError(f"unsupported weights in checkpoint: {', '.join(unused[:3])}")
+
+    def tune_linears(self) -> str:
+        """Choose the kernel per row count of layers that have two (quantization auto); returns
+        a one-line description of what runs, for the log."""
+        mode = self.linears.mode
+        if mode == "none":
+            return "none"
+        if mode != "auto":
+            return mode
+        choices = tune_dispatch(self.linears.built)
+        description = describe(choices)
+        logger.info("quantization auto: %s", description)
+        return f"auto ({description})"
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights a batch-1 decode step reads (embedding row reads excluded)."""
+        total = 0
+        for layer in [*self.layers, None]:
+            linears = ([self.lm_head] if layer is None else
+                       [layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj])
+            total += sum(linear_weight_bytes(linear, rows=1) for linear in linears)
+        return total
 
     def forward(
         self,
@@ -127,11 +175,21 @@ class LlamaForCausalLM:
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the last layer (before the final norm): [T, hidden]."""
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+            return paged_attention(q, k, v, kv_cache, metadata, scale, self.attention)
+
+        return self.run_layers(input_ids, positions, kv_caches, attend)
+
+    def run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                   kv_caches: list[torch.Tensor], attend: Attend) -> torch.Tensor:
+        """The decoder stack with a given attention (eager paged attention, or the compiled
+        decode path's custom op): [T] ids and positions -> [T, hidden]."""
         hidden = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer.forward(hidden, cos, sin, self.rope, kv_cache, metadata,
-                                   self.attention)
+            hidden = layer.forward(hidden, cos, sin, self.rope, kv_cache, attend)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -11,6 +11,7 @@ from heddle.errors import ModelLoadError
 from heddle.model.gguf_file import is_gguf
 from heddle.model.gguf_loader import load_gguf
 from heddle.model.hf_loader import load_hf_dir
+from heddle.model.quant import BlockQuantized
 from heddle.model.registry import default_model_path, model_name_for
 from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
@@ -23,9 +24,12 @@ class LoadedModel:
     spec: ModelSpec
     weights: dict[str, torch.Tensor]  # Hugging Face names, float32 or the checkpoint's dtype
     tokenizer: Tokenizer | None  # None for a HF directory without tokenizer.json
+    # A quantized GGUF's Q4_0 / Q4_1 / Q8_0 matrices as their own blocks (load_model's
+    # keep_blocks), in HF names: what quantization="auto" runs.
+    blocks: dict[str, BlockQuantized] = field(default_factory=dict)
 
 
-def load_model(model: str | Path | None) -> LoadedModel:
+def load_model(model: str | Path | None, keep_blocks: bool = False) -> LoadedModel:
     """Load weights and tokenizer. Every failure is a ModelLoadError with a one-line message."""
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.exists():
@@ -41,5 +45,5 @@ def load_model(model: str | Path | None) -> LoadedModel:
         raise ModelLoadError(
             f"{path} is not a model: expected a .gguf file or a Hugging Face model directory"
         )
-    spec, weights, gguf_tokenizer = load_gguf(path)
-    return LoadedModel(model_name_for(path), path, spec, weights, gguf_tokenizer)
+    spec, weights, gguf_tokenizer, blocks = load_gguf(path, keep_blocks)
+    return LoadedModel(model_name_for(path), path, spec, weights, gguf_tokenizer, blocks)

@@ -30,31 +30,37 @@ def dense_attention(q, k, v, start, window=None):
     return out.transpose(0, 1).reshape(num_tokens, -1)
 
 
-def backend_for(kind: str) -> AttentionBackend | None:
+def backend_for(kind: str, dtype: torch.dtype) -> AttentionBackend | None:
     if kind == "torch":
         return None
     kernel = load_decode_kernel()
     if kernel is None:
         pytest.skip("the C decode kernel does not build here")
-    return AttentionBackend(GatherBuffer(torch.float32, torch.device("cpu")), kernel)
+    return AttentionBackend(GatherBuffer(dtype, torch.device("cpu")), kernel)
 
 
+# bf16: inputs are rounded to bf16 for the reference too; what differs is the arithmetic (the
+# kernel sums in float32, torch in bf16 matmuls) and the bf16 rounding of the output.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kind", ["torch", "kernel"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_decode_and_prefill_step_matches_dense(window, kind):
-    backend = backend_for(kind)
+def test_mixed_decode_and_prefill_step_matches_dense(window, kind, dtype):
+    backend = backend_for(kind, dtype)
     torch.manual_seed(0)
     # (cached tokens, new tokens) per request: decodes, a fresh prefill, chunks after a prefix
     requests = [(9, 1), (0, 1), (23, 1), (0, 7), (12, 5), (3, 1), (16, 16), (150, 1), (2, 1)]
     free = list(torch.randperm(NUM_BLOCKS).tolist())
-    kv_cache = torch.zeros(2, NUM_KV_HEADS, NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM)
+    kv_cache = torch.zeros(2, NUM_KV_HEADS, NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM, dtype=dtype)
     k_cache, v_cache = kv_cache[0], kv_cache[1]  # [KVH, blocks, block_size, D]
     histories, tables = [], []
     for cached, new in requests:
         total = cached + new
         table = [free.pop() for _ in range((total + BLOCK_SIZE - 1) // BLOCK_SIZE)]
-        k_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM)
-        v_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM)
+        k_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM).to(dtype)
+        v_all = torch.randn(total, NUM_KV_HEADS, HEAD_DIM).to(dtype)
         for pos in range(cached):  # the prefix is already in the cache
             block, offset = table[pos // BLOCK_SIZE], pos % BLOCK_SIZE
             k_cache[:, block, offset], v_cache[:, block, offset] = k_all[pos], v_all[pos]
@@ -71,9 +77,9 @@ def test_mixed_decode_and_prefill_step_matches_dense(window, kind):
         prefill_lengths=[requests[i][1] for i in prefills],
         prefill_block_tables=[tables[i] for i in prefills],
         block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS, group=GROUP, sliding_window=window,
-        dtype=torch.float32, device=torch.device("cpu"), decode_kernel=backend is not None,
+        dtype=dtype, device=torch.device("cpu"), decode_kernel=backend is not None,
     )
-    q = torch.randn(sum(requests[i][1] for i in order), NUM_KV_HEADS * GROUP, HEAD_DIM)
+    q = torch.randn(sum(requests[i][1] for i in order), NUM_KV_HEADS * GROUP, HEAD_DIM).to(dtype)
     k_new = torch.cat([histories[i][0][requests[i][0]:] for i in order])
     v_new = torch.cat([histories[i][1][requests[i][0]:] for i in order])
     out = paged_attention(q, k_new, v_new, kv_cache, metadata, HEAD_DIM ** -0.5, backend)
@@ -87,8 +93,13 @@ def test_mixed_decode_and_prefill_step_matches_dense(window, kind):
     row = 0
     for i in order:
         cached, new = requests[i]
-        expected = dense_attention(q[row:row + new], *histories[i], cached, window)
-        torch.testing.assert_close(out[row:row + new], expected, atol=1e-5, rtol=1e-5)
+        k_all, v_all = histories[i]
+        expected = dense_attention(q[row:row + new].float(), k_all.float(), v_all.float(),
+                                   cached, window)
+        tolerance = TOLERANCE[dtype]
+        assert out.dtype == dtype
+        torch.testing.assert_close(out[row:row + new].float(), expected, atol=tolerance,
+                                   rtol=tolerance)
         row += new
     # The new K/V landed in their slots.
     for i in order:

@@ -90,7 +90,8 @@ def test_gguf_model_matches_its_transformers_source(tmp_path, factory, arch):
     model = factory().eval()
     path = tmp_path / "tiny.gguf"
     write_gguf(model, arch, path)
-    executor = ModelExecutor(ModelConfig(model=str(path), dtype="float32"),
+    executor = ModelExecutor(ModelConfig(model=str(path), dtype="float32",
+                                         quantization="none"),
                              CacheConfig(block_size=4, num_blocks=128))
     assert executor.spec.qk_norm == (arch == "qwen3")
     assert executor.spec.attention_bias == (arch == "qwen2")

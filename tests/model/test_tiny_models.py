@@ -72,7 +72,8 @@ def tiny(request, tmp_path_factory) -> tuple[object, ModelExecutor, str]:
     model = FACTORIES[family]().eval()
     path: Path = tmp_path_factory.mktemp(family)
     model.save_pretrained(path)
-    executor = ModelExecutor(ModelConfig(model=str(path), dtype="float32"),
+    executor = ModelExecutor(ModelConfig(model=str(path), dtype="float32",
+                                         quantization="none"),
                              CacheConfig(block_size=4, num_blocks=512),
                              use_decode_kernel=use_kernel)
     if not use_kernel:
@@ -143,7 +144,8 @@ def test_tiny_llama_on_cuda_matches_transformers(tmp_path, prompts):
     torch.manual_seed(1)
     model = llama3_scaled().eval()
     model.save_pretrained(tmp_path)
-    executor = ModelExecutor(ModelConfig(model=str(tmp_path), dtype="float32", device="cuda"),
+    executor = ModelExecutor(ModelConfig(model=str(tmp_path), dtype="float32", device="cuda",
+                                         quantization="none"),
                              CacheConfig(block_size=4, num_blocks=512))
     for prompt, logits in zip(prompts, our_last_logits(executor, prompts), strict=True):
         torch.testing.assert_close(logits.cpu(), hf_last_logits(model, prompt),

@@ -1,0 +1,229 @@
+"""Which kernel each linear layer runs, and at which row counts (`--quantization`).
+
+- `none`: the float path (heddle.model.layers.Linear) everywhere.
+- `int8` / `int4`: every projection in int8 (per channel) / int4 (groups of 32), at every row
+  count: the least memory. The LM head stays int8 in `int4` mode (as llama.cpp's Q4 files keep
+  their embeddings at 8 bits).
+- `auto`: on a checkpoint that is already quantized (GGUF Q4_0 / Q4_1 / Q8_0), each projection
+  may run a weight-only kernel at the file's own bit width (4-bit blocks run the int4 kernel with
+  the file's own numbers; Q8_0 runs int8 per channel) beside the float path, and which one runs
+  depends on the step's row count: at load time `tune_dispatch` times both over every layer of
+  each kind (qkv, o, gate_up, down, lm_head) at 1, 2, 4, ... rows and keeps the quantized kernel
+  up to the largest row count where it is still faster. Weight-only kernels win where a step is
+  bound by weight bytes (few rows: decoding) and lose where it is bound by arithmetic (a prefill
+  chunk), and where the crossover lies differs per CPU (AMX vs AVX-512 vs AVX2): hence a
+  measurement, not a table. A float checkpoint runs `auto` as `none`: auto never quantizes what
+  the file did not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from heddle.errors import HeddleError
+from heddle.model.layers import Linear
+from heddle.model.quant import (
+    QUANTIZATION_MODES,
+    BlockQuantized,
+    Int4Linear,
+    Int8Linear,
+    int4_supported,
+    int8_supported,
+    quantize_int4_blocks,
+)
+
+logger = logging.getLogger(__name__)
+
+# Row counts tried by tune_dispatch; beyond the last one the float path always runs.
+TUNE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class LinearLayer(Protocol):
+    in_features: int
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class DispatchLinear:
+    """Runs `small` (a weight-only kernel) for steps of at most `max_rows` rows and `large`
+    (the float path, or None when there is none) above; adds the bias."""
+
+    __slots__ = ("bias", "in_features", "kind", "large", "max_rows", "out_features", "small")
+
+    def __init__(self, small: LinearLayer, large: Linear | None, bias: torch.Tensor | None,
+                 kind: str, max_rows: int) -> None:
+        self.small: LinearLayer | None = small
+        self.large = large
+        self.bias = bias
+        self.kind = kind
+        self.max_rows = max_rows
+        self.in_features, self.out_features = small.in_features, small.out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.small is not None and (self.large is None or x.shape[0] <= self.max_rows):
+            y = self.small(x)
+            return y if self.bias is None else y + self.bias
+        assert self.large is not None
+        return self.large(x)
+
+    def drop_small(self) -> None:
+        """The quantized kernel never wins: free it (the float path stays)."""
+        assert self.large is not None
+        self.small, self.max_rows = None, 0
+
+
+@dataclass(slots=True)
+class LinearBuilder:
+    """Builds each linear layer of a network for one quantization mode."""
+
+    mode: str
+    dtype: torch.dtype
+    device: torch.device
+    blocks: dict[str, BlockQuantized] = field(default_factory=dict)  # the file's own, HF names
+    built: list[DispatchLinear] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in QUANTIZATION_MODES:
+            raise HeddleError(f"unknown quantization {self.mode!r}: use "
+                              + ", ".join(QUANTIZATION_MODES))
+        quantized = self.mode != "none"
+        if quantized and self.device.type != "cpu":
+            if self.mode != "auto":
+                raise HeddleError(f"quantization {self.mode} runs on CPU only")
+            self.mode = "none"
+        if self.mode == "auto" and not self.blocks:
+            self.mode = "none"  # a float checkpoint: auto never quantizes it
+        if self.mode != "none" and not int8_supported():
+            raise HeddleError("this torch build has no weight-only int8 kernel")
+
+    def build(self, kind: str, names: Sequence[str], weights: Sequence[torch.Tensor],
+              bias: torch.Tensor | None = None) -> LinearLayer:
+        """One layer computing the rows of `weights` (float, [N_i, K] each) stacked in order;
+        `names` are their checkpoint names (to find the file's own blocks)."""
+        float_weight = torch.cat(list(weights)) if len(weights) > 1 else weights[0]
+        if self.mode == "none":
+            return Linear(float_weight.to(device=self.device, dtype=self.dtype), bias)
+        blocks = [self.blocks.get(name) for name in names]
+        file_blocks = (BlockQuantized.cat([b for b in blocks if b is not None])
+                       if all(b is not None for b in blocks) else None)
+        out_features, in_features = float_weight.shape
+        small = self._small(kind, float_weight, file_blocks, in_features, out_features)
+        if small is None:
+            return Linear(float_weight.to(device=self.device, dtype=self.dtype), bias)
+        large = None
+        if self.mode == "auto":
+            large = Linear(float_weight.to(device=self.device, dtype=self.dtype))
+        layer = DispatchLinear(small, large, bias, kind, max_rows=1 << 62)
+        self.built.append(layer)
+        return layer
+
+    def _small(self, kind: str, weight: torch.Tensor, file_blocks: BlockQuantized | None,
+               in_features: int, out_features: int) -> LinearLayer | None:
+        if self.mode == "auto":
+            if file_blocks is None:
+                return None
+            if file_blocks.bits == 4 and int4_supported(in_features, out_features):
+                return Int4Linear(file_blocks, self.dtype)
+            return Int8Linear(weight, self.dtype)
+        if self.mode == "int4" and kind != "lm_head" and int4_supported(in_features,
+                                                                        out_features):
+            if file_blocks is None or file_blocks.bits != 4:
+                file_blocks = quantize_int4_blocks(weight)
+            return Int4Linear(file_blocks, self.dtype)
+        return Int8Linear(weight, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchChoice:
+    kind: str
+    kernel: str  # "int4" / "int8"
+    max_rows: int  # 0: never the quantized kernel
+    timings_us: dict[int, tuple[float, float]]  # rows -> (quantized, float) per pass, us
+
+
+def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = 3,
+                  clock: Callable[[], float] = time.perf_counter) -> list[DispatchChoice]:
+    """Set `max_rows` of every layer that has both paths, per kind, by timing both.
+
+    For each kind and row count one pass runs the kind's layer of every decoder layer (so the
+    weights stream from memory as in a real step, not from cache); the best of `rounds`
+    interleaved passes counts. The quantized kernel keeps the row counts up to the first one
+    where it is slower.
+    """
+    by_kind: dict[str, list[DispatchLinear]] = {}
+    for layer in layers:
+        if layer.small is not None and layer.large is not None:
+            by_kind.setdefault(layer.kind, []).append(layer)
+    choices = []
+    for kind, group in by_kind.items():
+        small_fns: list[LinearLayer] = [layer.small for layer in group if layer.small is not None]
+        large_fns: list[LinearLayer] = [layer.large for layer in group if layer.large is not None]
+        timings: dict[int, tuple[float, float]] = {}
+        max_rows = 0
+        for rows in TUNE_ROWS:
+            x = torch.randn(rows, group[0].in_features).to(_dtype_of(group[0]))
+            small_time = large_time = float("inf")
+            for _ in range(rounds):
+                small_time = min(small_time, _pass(small_fns, x, clock))
+                large_time = min(large_time, _pass(large_fns, x, clock))
+            timings[rows] = (small_time * 1e6, large_time * 1e6)
+            if small_time > large_time:
+                break
+            max_rows = rows
+        kernel = "int4" if isinstance(group[0].small, Int4Linear) else "int8"
+        for layer in group:
+            if max_rows == 0:
+                layer.drop_small()
+            else:
+                layer.max_rows = max_rows if max_rows < TUNE_ROWS[-1] else 1 << 62
+        choices.append(DispatchChoice(kind, kernel, max_rows, timings))
+    return choices
+
+
+def _dtype_of(layer: DispatchLinear) -> torch.dtype:
+    assert layer.large is not None
+    return layer.large.dtype
+
+
+def _pass(fns: Sequence[LinearLayer], x: torch.Tensor, clock: Callable[[], float]) -> float:
+    start = clock()
+    for fn in fns:
+        fn(x)
+    return clock() - start
+
+
+def linear_weight_bytes(layer: LinearLayer, rows: int) -> int:
+    """Bytes of weights a layer reads for a step of `rows` rows."""
+    if isinstance(layer, DispatchLinear):
+        if layer.small is not None and (layer.large is None or rows <= layer.max_rows):
+            return linear_weight_bytes(layer.small, rows)
+        assert layer.large is not None
+        return linear_weight_bytes(layer.large, rows)
+    if isinstance(layer, (Int4Linear, Int8Linear)):
+        return layer.weight_bytes
+    return layer.in_features * layer.out_features * _dtype_bytes(layer)
+
+
+def _dtype_bytes(layer: LinearLayer) -> int:
+    dtype = getattr(layer, "dtype", torch.float32)
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def describe(choices: Sequence[DispatchChoice]) -> str:
+    """One line: which kernel runs up to how many rows, per kind."""
+    parts = []
+    for choice in choices:
+        if choice.max_rows == 0:
+            parts.append(f"{choice.kind}: float")
+        elif choice.max_rows >= TUNE_ROWS[-1]:
+            parts.append(f"{choice.kind}: {choice.kernel} at <= {TUNE_ROWS[-1]}+ rows")
+        else:
+            parts.append(f"{choice.kind}: {choice.kernel} at <= {choice.max_rows} rows")
+    return "; ".join(parts)

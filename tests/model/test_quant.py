@@ -1,0 +1,159 @@
+"""Weight-only quantized linear layers: GGUF blocks read exactly, int4/int8 kernels against a
+dequantized reference, the builder's choices per mode, and the per-row-count dispatch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize as gguf_quantize
+
+from heddle.errors import HeddleError
+from heddle.model.gguf_file import GGUFFile, block_quantized, dequantize
+from heddle.model.layers import Linear
+from heddle.model.linear_plan import (
+    DispatchLinear,
+    LinearBuilder,
+    describe,
+    linear_weight_bytes,
+    tune_dispatch,
+)
+from heddle.model.quant import (
+    BlockQuantized,
+    Int4Linear,
+    Int8Linear,
+    quantize_int4_blocks,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("ggml_type", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
+                                       GGMLQuantizationType.Q8_0])
+def test_gguf_blocks_dequantize_exactly_like_the_file(ggml_type):
+    weight = np.random.default_rng(0).standard_normal((48, 96)).astype(np.float32)
+    data = np.ascontiguousarray(gguf_quantize(weight, ggml_type)).view(np.uint8).reshape(-1)
+    blocks = block_quantized(data, ggml_type, (48, 96))
+    assert blocks.bits == (8 if ggml_type == GGMLQuantizationType.Q8_0 else 4)
+    assert torch.equal(blocks.dequantize(), dequantize(data, ggml_type, (48, 96)))
+
+
+def test_embedded_model_blocks_match_its_dequantized_weights(gguf_path):
+    gguf = GGUFFile(gguf_path)
+    try:
+        for name in ("blk.0.ffn_down.weight", "token_embd.weight"):  # Q4_1 and Q8_0
+            blocks = gguf.blocks(name)
+            assert blocks is not None
+            assert torch.equal(blocks.dequantize(), gguf.tensor(name))
+        assert gguf.blocks("blk.0.attn_norm.weight") is None  # F32
+    finally:
+        gguf.close()
+
+
+def test_int4_linear_runs_the_blocks_own_numbers():
+    torch.manual_seed(0)
+    weight = torch.randn(64, 96)
+    blocks = quantize_int4_blocks(weight)
+    assert int(blocks.codes.max()) <= 15
+    # The 4-bit grid is within half a step of the weight.
+    step = blocks.scales.repeat_interleave(32, dim=1)
+    assert ((blocks.dequantize() - weight).abs() <= step / 2 + 1e-6).all()
+    x = torch.randn(5, 96)
+    reference = x @ blocks.dequantize().T
+    for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 5e-2)):
+        out = Int4Linear(blocks, dtype)(x.to(dtype))
+        assert out.dtype == dtype and out.shape == (5, 64)
+        torch.testing.assert_close(out.float(), reference, atol=tolerance * 10, rtol=tolerance)
+
+
+def test_int8_linear_is_within_its_rounding():
+    torch.manual_seed(1)
+    weight = torch.randn(32, 64)
+    layer = Int8Linear(weight, torch.float32)
+    dequantized = layer.qweight.float() * layer.scales.unsqueeze(1)
+    assert ((dequantized - weight).abs() <= layer.scales.unsqueeze(1) / 2 + 1e-6).all()
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x), x @ dequantized.T, atol=1e-4, rtol=1e-4)
+    assert layer.weight_bytes == 32 * 64 + 32 * 4
+
+
+def _file_blocks(weight: torch.Tensor) -> BlockQuantized:
+    return quantize_int4_blocks(weight)
+
+
+def test_builder_modes():
+    torch.manual_seed(2)
+    weights = [torch.randn(32, 64), torch.randn(16, 64)]
+    names = ["a.weight", "b.weight"]
+    blocks = {n: _file_blocks(w) for n, w in zip(names, weights, strict=True)}
+    x = torch.randn(2, 64)
+
+    none = LinearBuilder("none", torch.float32, CPU, dict(blocks)).build("qkv", names, weights)
+    assert isinstance(none, Linear)
+    torch.testing.assert_close(none(x), x @ torch.cat(weights).T, atol=1e-4, rtol=1e-4)
+
+    # auto with the file's 4-bit blocks: int4 on the file's own numbers, plus the float path.
+    auto = LinearBuilder("auto", torch.float32, CPU, dict(blocks)).build("qkv", names, weights)
+    assert isinstance(auto, DispatchLinear)
+    assert isinstance(auto.small, Int4Linear) and auto.large is not None
+    exact = x @ torch.cat([blocks[n].dequantize() for n in names]).T
+    torch.testing.assert_close(auto(x), exact, atol=1e-4, rtol=1e-4)
+
+    # auto on a float checkpoint never quantizes.
+    plain = LinearBuilder("auto", torch.float32, CPU, {})
+    assert plain.mode == "none"
+    assert isinstance(plain.build("qkv", names, weights), Linear)
+
+    # int4: no float copy; the LM head stays int8.
+    int4 = LinearBuilder("int4", torch.float32, CPU, {})
+    layer = int4.build("gate_up", names, weights)
+    assert isinstance(layer, DispatchLinear) and layer.large is None
+    assert isinstance(layer.small, Int4Linear)
+    head = int4.build("lm_head", ["h"], [torch.randn(48, 64)])
+    assert isinstance(head, DispatchLinear) and isinstance(head.small, Int8Linear)
+    assert linear_weight_bytes(head, rows=1) == 48 * 64 + 48 * 4
+
+    with pytest.raises(HeddleError, match="unknown quantization"):
+        LinearBuilder("int3", torch.float32, CPU)
+
+
+class _Timed:
+    """A fake layer whose call advances a fake clock by cost(rows)."""
+
+    def __init__(self, clock: list[float], cost, in_features: int = 8) -> None:
+        self.clock, self.cost = clock, cost
+        self.in_features, self.out_features = in_features, 4
+        self.dtype = torch.float32
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock[0] += self.cost(x.shape[0])
+        return torch.full((x.shape[0], 4), 1.0 if self.cost is quant_cost else 2.0)
+
+
+def quant_cost(rows: int) -> float:
+    return 10.0 + 5.0 * rows  # cheap at few rows, steep
+
+
+def float_cost(rows: int) -> float:
+    return 40.0 + 1.0 * rows
+
+
+def test_tune_dispatch_keeps_the_quantized_kernel_up_to_the_crossover():
+    now = [0.0]
+    layers = [DispatchLinear(_Timed(now, quant_cost), _Timed(now, float_cost),  # type: ignore[arg-type]
+                             None, "gate_up", max_rows=1 << 62) for _ in range(3)]
+    never = DispatchLinear(_Timed(now, lambda rows: 100.0), _Timed(now, float_cost),  # type: ignore[arg-type]
+                           None, "down", max_rows=1 << 62)
+    choices = tune_dispatch([*layers, never], rounds=2, clock=lambda: now[0])
+    # quant < float while 10 + 5r < 40 + r, i.e. r < 7.5: rows 1, 2, 4 win, 8 loses.
+    by_kind = {c.kind: c for c in choices}
+    assert by_kind["gate_up"].max_rows == 4
+    assert set(by_kind["gate_up"].timings_us) == {1, 2, 4, 8}
+    assert all(layer.max_rows == 4 for layer in layers)
+    assert by_kind["down"].max_rows == 0 and never.small is None
+    x4, x5 = torch.zeros(4, 8), torch.zeros(5, 8)
+    assert layers[0](x4)[0, 0] == 1.0  # quantized
+    assert layers[0](x5)[0, 0] == 2.0  # float
+    assert never(x4)[0, 0] == 2.0
+    assert describe(choices) == "gate_up: int8 at <= 4 rows; down: float"
