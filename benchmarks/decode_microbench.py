@@ -1,7 +1,8 @@
 """Decode step time of the ModelExecutor: batch sizes x dtypes, at a fixed context length.
 
     .venv/bin/python benchmarks/decode_microbench.py [--dtypes float32 bfloat16]
-        [--batches 1 8 32 64] [--context 300] [--steps 10] [--threads N]
+        [--quantizations none auto int8 int4] [--batches 1 8 32 64] [--context 300]
+        [--steps 10] [--threads N]
 
 Each request has `context` tokens in the paged KV cache (their values do not matter for
 timing) and decodes one token per step; the step includes input building, the forward pass,
@@ -51,23 +52,30 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--quantizations", nargs="+", default=["none"],
+                        help="auto | none | int8 | int4 (each run per dtype)")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    for dtype in args.dtypes:
+    for dtype, quantization in ((d, q) for d in args.dtypes for q in args.quantizations):
         blocks = max(args.batches) * ((args.context + 16) // 16 + 1)
         executor = ModelExecutor(
-            ModelConfig(model=args.model, dtype=dtype, num_threads=args.threads),
+            ModelConfig(model=args.model, dtype=dtype, num_threads=args.threads,
+                        quantization=quantization),
             CacheConfig(block_size=16, num_blocks=blocks),
         )
+        weights = executor.model.weight_bytes
+        print(f"{dtype} quantization={executor.quantization}: {weights / 1e6:.0f} MB of "
+              "weights read per batch-1 step")
         for batch in args.batches:
             decode_step(executor, batch, args.context, 0)  # warm-up
             times = [decode_step(executor, batch, args.context, s) for s in range(args.steps)]
             median = statistics.median(times)
             print(
-                f"{executor.model_name} {dtype:>8} batch {batch:>3} ctx {args.context}: "
+                f"{executor.model_name} {dtype:>8} {quantization:>4} batch {batch:>3} "
+                f"ctx {args.context}: "
                 f"{median * 1e3:8.1f} ms/step  {batch / median:8.1f} tok/s  "
                 f"(min {min(times) * 1e3:.1f} ms)"
             )
