@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from heddle.engine.llm import LLM
+from heddle.model.device import cpu_description
 from heddle.request import SamplingParams
 
 
@@ -157,11 +157,12 @@ def main() -> None:
     dtype = executor.dtype  # type: ignore[attr-defined]
     workload = make_workload(args.num_requests, args.seed, arch.vocab_size)
     result: dict[str, object] = {
-        "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "machine": f"{cpu_description()}; {torch.get_num_threads()} threads",
         "dtype": str(dtype),
         "num_requests": args.num_requests,
         "batch_size": args.batch_size,
     }
+    print(f"{result['machine']}; dtype {dtype}, quantization {executor.quantization}")
     heddle = run_heddle(llm, workload)
     result["heddle"] = heddle
     print(
@@ -185,7 +186,7 @@ def main() -> None:
     )
     bandwidth = memcpy_bandwidth()
     flops = gemm_flops(dtype)
-    weight_bytes = arch.weight_bytes()
+    weight_bytes = llm_decode.engine.executor.model.weight_bytes  # type: ignore[attr-defined]
     rows = []
     for batch in batches:
         step = decode_step_times(llm_decode, batch, context=256, steps=24, vocab=arch.vocab_size)

@@ -10,6 +10,10 @@ ignore_eos), so both generate exactly the same number of tokens.
    request rate: p99 TTFT of the short requests, where llama.cpp's slot scheduling makes short
    prompts wait behind long ones.
 
+With --heddle-before DIR a third server runs heddle from another checkout (e.g. `git archive`
+of main before a change), so before, after and llama-server are measured in one run; the
+report then adds a ratio table (heddle / llama-server, heddle / heddle-before).
+
 llama-server is optional (without --llama-server only heddle runs). Build it from the PyPI sdist
 of llama-cpp-python 0.3.36 (about 6 minutes on 2 cores; never in CI):
 
@@ -18,6 +22,12 @@ of llama-cpp-python 0.3.36 (about 6 minutes on 2 cores; never in CI):
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF" \
       pip wheel --no-deps llama-cpp-python==0.3.36 --config-settings=build-dir=/tmp/llama-build
     .venv/bin/python benchmarks/serve_vs_llamacpp.py --llama-server /tmp/llama-build/bin/llama-server
+
+That build uses -march=native. On a VM that reports AMX in cpuid but does not enable the tiles
+(the Xeon of docs/BENCHMARKS.md), its AMX code dies with SIGILL (`tilezero`); there, add
+`-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON` (every
+SIMD extension but AMX).
 """
 
 from __future__ import annotations
@@ -25,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -37,9 +46,11 @@ from typing import Any
 import httpx
 
 from heddle.bench import BenchResult, run_bench
+from heddle.model.device import cpu_description
 from heddle.model.registry import default_model_path
 from heddle.workloads import get_workload
 
+START_TIMEOUT_S = 600
 SERVE_HEDDLE = (
     "import argparse, sys\n"
     "from heddle.server.args import add_arguments, run_from_args\n"
@@ -58,9 +69,12 @@ def free_port() -> int:
 class Server:
     """A server subprocess, up once /health answers 200; SIGTERM on exit."""
 
-    def __init__(self, name: str, command: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, name: str, command: list[str], port: int, log_path: Path,
+                 env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         self.name = name
         self.command = command
+        self.env = env
+        self.cwd = cwd
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
@@ -68,8 +82,9 @@ class Server:
     def __enter__(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.env, cwd=self.cwd)
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited; see {self.log_path}")
@@ -79,7 +94,10 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"{self.name} did not come up in 300 s; see {self.log_path}")
+        self.__exit__()  # `with` calls __exit__ only after __enter__ returned
+        raise RuntimeError(
+            f"{self.name} did not come up in {START_TIMEOUT_S} s; see {self.log_path}"
+        )
 
     def __exit__(self, *exc: object) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -92,15 +110,26 @@ class Server:
             self.process.wait()
 
 
-def heddle_server(args: argparse.Namespace, port: int, out: Path, tag: str) -> Server:
+def heddle_server(args: argparse.Namespace, port: int, out: Path, tag: str,
+                  source: str | None = None) -> Server:
+    """heddle from this tree, or (source) from another checkout, e.g. the code before a change;
+    --quantization is passed only to this tree's."""
     command = [
         sys.executable, "-c", SERVE_HEDDLE,
-        "--model", str(args.model), "--port", str(port), "--log-level", "warning",
+        "--model", str(Path(args.model).resolve()), "--port", str(port), "--log-level", "warning",
         "--max-num-seqs", str(max(args.concurrency)),
         "--max-num-batched-tokens", str(args.max_num_batched_tokens),
         "--num-threads", str(args.threads),
     ]  # fmt: skip
-    return Server("heddle", command, port, out / f"heddle-{tag}.log")
+    if source is None:
+        if args.quantization:
+            command += ["--quantization", args.quantization]
+        return Server("heddle", command, port, out / f"heddle-{tag}.log")
+    # PYTHONPATH and the working directory: `python -c` puts the cwd first on sys.path.
+    source = str(Path(source).resolve())
+    env = dict(os.environ, PYTHONPATH=source)
+    return Server("heddle-before", command, port, (out / f"heddle-before-{tag}.log").resolve(),
+                  env, cwd=source)
 
 
 def llama_server(
@@ -152,6 +181,9 @@ def concurrency_sweep(args: argparse.Namespace, out: Path) -> dict[str, dict[int
     results: dict[str, dict[int, Any]] = {}
     slot_ctx = args.input_len + args.output_len + 64
     servers = [("heddle", lambda port: heddle_server(args, port, out, "sweep"))]
+    if args.heddle_before:
+        servers.append(("heddle-before", lambda port: heddle_server(
+            args, port, out, "sweep", source=args.heddle_before)))
     if args.llama_server:
         slots = max(args.concurrency)
         servers.append(
@@ -223,6 +255,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {c} | {r['output_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} "
                 f"| {r['tpot_p50_ms']} | {r['tpot_p99_ms']} | {r['failed']} |"
             )
+    lines += ratio_table(report["sweep"])
     if report.get("long"):
         lines += [
             "",
@@ -240,10 +273,32 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ratio_table(sweep: dict[str, dict[int, Any]]) -> list[str]:
+    """Output tok/s ratios, heddle against each other server, per concurrency."""
+    others = [name for name in sweep if name != "heddle"]
+    if "heddle" not in sweep or not others:
+        return []
+    lines = ["", "| concurrency | " + " | ".join(f"heddle / {o}" for o in others) + " |",
+             "|---:|" + "---:|" * len(others)]
+    for c, r in sweep["heddle"].items():
+        cells = []
+        for other in others:
+            theirs = sweep[other].get(c)
+            if theirs and theirs["output_tok_s"] and not theirs["failed"] and not r["failed"]:
+                cells.append(f"{r['output_tok_s'] / theirs['output_tok_s']:.2f}x")
+            else:
+                cells.append("-")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-server", default=None, help="path of the llama-server binary")
     parser.add_argument("--model", default=None, help="GGUF file (default: the embedded one)")
+    parser.add_argument("--heddle-before", default=None, metavar="DIR",
+                        help="also run heddle from this checkout (e.g. main before a change)")
+    parser.add_argument("--quantization", default=None, help="heddle's --quantization")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
@@ -265,8 +320,7 @@ def main() -> None:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, "
-        f"{args.threads} threads".replace("  ", " "),
+        "machine": f"{cpu_description()}; {args.threads} threads",
         "command": " ".join([".venv/bin/python", *sys.argv]),
         "model": str(args.model),
         "sweep": concurrency_sweep(args, out),

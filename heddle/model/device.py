@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import platform
 from pathlib import Path
 
 import torch
@@ -57,3 +59,25 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+# The SIMD features that decide the fast CPU paths (float32 vs bf16, AMX, VNNI for int8).
+_SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile",
+               "amx_bf16", "amx_int8")
+
+
+def cpu_description() -> str:
+    """`<model name>, N cores; flags: ...` from /proc/cpuinfo, for benchmark reports."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = value.split()
+                break
+    except OSError:
+        pass
+    simd = " ".join(f for f in _SIMD_FLAGS if f in flags) or "none of avx2/avx512/amx"
+    return f"{model}, {os.cpu_count()} cores; flags: {simd}"
