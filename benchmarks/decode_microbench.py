@@ -18,30 +18,41 @@ import time
 import torch
 
 from heddle.config import CacheConfig, ModelConfig
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
 
 
-def decode_step(executor: ModelExecutor, batch: int, context: int, step_id: int) -> float:
-    blocks_per_request = (context + 1 + executor.block_size - 1) // executor.block_size
-    params = SamplingParams(temperature=0.0)
-    scheduled = [
-        ScheduledRequest(
-            request_id=f"r{i}",
-            token_ids=[100 + i],
-            start_position=context,
-            block_table=list(range(i * blocks_per_request, (i + 1) * blocks_per_request)),
-            sample=True,
-            sampling_params=params,
-            num_prompt_tokens=context,
-            num_output_tokens=1,
-        )
-        for i in range(batch)
-    ]
-    start = time.perf_counter()
-    executor.execute(SchedulerOutput(step_id, scheduled))
-    return time.perf_counter() - start
+class DecodeBatch:
+    """`batch` requests with `context` tokens in the cache, decoding one token per step through
+    the executor's contract (sent once as new requests, then only their rows)."""
+
+    def __init__(self, executor: ModelExecutor, batch: int, context: int, steps: int) -> None:
+        self.executor, self.batch, self.context = executor, batch, context
+        self.ids = [f"b{batch}-r{i}" for i in range(batch)]
+        per_request = (context + steps + 2 + executor.block_size - 1) // executor.block_size
+        params = SamplingParams(temperature=0.0)
+        self.pending = [
+            NewRequest(rid, [100 + i] * (context + 1), context + 1,
+                       list(range(i * per_request, (i + 1) * per_request)), params)
+            for i, rid in enumerate(self.ids)
+        ]
+        self.step_id = 0
+
+    def step(self) -> float:
+        builder = OutputBuilder(self.step_id)
+        new = {n.request_id: n for n in self.pending}
+        for rid in self.ids:
+            builder.add(rid, self.context + self.step_id, 1, True,
+                        num_prompt_tokens=self.context + 1, new_request=new.get(rid))
+        self.pending = []
+        self.step_id += 1
+        start = time.perf_counter()
+        self.executor.execute(builder.build())
+        return time.perf_counter() - start
+
+    def finish(self) -> None:
+        self.executor.execute(OutputBuilder(self.step_id).build(finished_request_ids=self.ids))
 
 
 def main() -> None:
@@ -60,7 +71,7 @@ def main() -> None:
         f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
     )
     for dtype, quantization in ((d, q) for d in args.dtypes for q in args.quantizations):
-        blocks = max(args.batches) * ((args.context + 16) // 16 + 1)
+        blocks = max(args.batches) * ((args.context + args.steps + 3) // 16 + 1)
         executor = ModelExecutor(
             ModelConfig(model=args.model, dtype=dtype, num_threads=args.threads,
                         quantization=quantization),
@@ -70,8 +81,10 @@ def main() -> None:
         print(f"{dtype} quantization={executor.quantization}: {weights / 1e6:.0f} MB of "
               "weights read per batch-1 step")
         for batch in args.batches:
-            decode_step(executor, batch, args.context, 0)  # warm-up
-            times = [decode_step(executor, batch, args.context, s) for s in range(args.steps)]
+            run = DecodeBatch(executor, batch, args.context, args.steps + 1)
+            run.step()  # warm-up (and the step that sends the new requests)
+            times = [run.step() for _ in range(args.steps)]
+            run.finish()
             median = statistics.median(times)
             print(
                 f"{executor.model_name} {dtype:>8} {quantization:>4} batch {batch:>3} "

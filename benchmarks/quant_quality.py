@@ -19,15 +19,16 @@ import math
 import torch
 
 from heddle.config import CacheConfig, ModelConfig
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
 from tests.model.driver import generate
 from tests.model.test_smollm_vs_transformers import CHAT, PROMPTS
 
 
-def executor_for(dtype: str, mode: str, num_blocks: int) -> ModelExecutor:
-    return ModelExecutor(ModelConfig(dtype=dtype, quantization=mode),
+def executor_for(dtype: str, mode: str, num_blocks: int,
+                 threads: int | None = None) -> ModelExecutor:
+    return ModelExecutor(ModelConfig(dtype=dtype, quantization=mode, num_threads=threads),
                          CacheConfig(block_size=16, num_blocks=num_blocks))
 
 
@@ -43,15 +44,15 @@ def perplexity(executor: ModelExecutor, tokens: list[int]) -> float:
     """exp(mean NLL) of tokens[1:], one token per step through the paged cache."""
     block_size = executor.block_size
     table = list(range((len(tokens) + block_size - 1) // block_size))
+    new = NewRequest("ppl", list(tokens), len(tokens), table, SamplingParams(temperature=0.0))
     nll = 0.0
     for position in range(len(tokens) - 1):
-        step = SchedulerOutput(position, [ScheduledRequest(
-            request_id="ppl", token_ids=[tokens[position]], start_position=position,
-            block_table=table, sample=True, sampling_params=SamplingParams(temperature=0.0),
-            num_prompt_tokens=len(tokens), num_output_tokens=0,
-        )])
-        logits = executor.compute_logits(step)["ppl"]
+        builder = OutputBuilder(position)
+        builder.add("ppl", position, 1, True, num_prompt_tokens=len(tokens),
+                    new_request=new if position == 0 else None)
+        logits = executor.compute_logits(builder.build())["ppl"]
         nll -= torch.log_softmax(logits, dim=-1)[tokens[position + 1]].item()
+    executor.execute(OutputBuilder(len(tokens)).build(finished_request_ids=["ppl"]))
     return math.exp(nll / (len(tokens) - 1))
 
 
@@ -62,9 +63,10 @@ def main() -> None:
     parser.add_argument("--text", default=None, help="a text file for perplexity")
     parser.add_argument("--max-text-tokens", type=int, default=4096)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     args = parser.parse_args()
 
-    reference = executor_for(args.dtype, "none", 1024)
+    reference = executor_for(args.dtype, "none", 1024, args.threads)
     prompts = prompt_ids(reference)
     expected = generate(reference, prompts, args.new_tokens)
     text_tokens = None
@@ -74,10 +76,10 @@ def main() -> None:
         with open(args.text, encoding="utf-8") as f:
             text_tokens = tokenizer.encode(f.read())[: args.max_text_tokens]
         print(f"none: perplexity {perplexity(reference, text_tokens):.3f} "
-              f"over {len(text_tokens)} tokens")
+              f"over {len(text_tokens)} tokens", flush=True)
     del reference
     for mode in args.modes:
-        executor = executor_for(args.dtype, mode, 1024)
+        executor = executor_for(args.dtype, mode, 1024, args.threads)
         got = generate(executor, prompts, args.new_tokens)
         same = prefix = 0
         for want, have in zip(expected, got, strict=True):
