@@ -15,5 +15,5 @@ $PY benchmarks/serve_vs_llamacpp.py --heddle-before "$BEFORE" --llama-server "$L
   --max-duration 120 --output-dir results/ttft512
 $PY benchmarks/offline_throughput.py --num-requests 32 --batch-size 32 \
   --output results/offline_throughput.json
-$PY benchmarks/sim_fidelity.py --num-requests 30 --repeats 1 --rates 1.0,2.5 \
+$PY benchmarks/sim_fidelity.py --num-requests 30 --runs 1 --rates 1.0,2.5 \
   --output results/sim_fidelity.json
