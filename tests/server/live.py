@@ -43,7 +43,9 @@ def shared_executor() -> Any:
     from heddle.model.executor import ModelExecutor
 
     require_embedded_model()
-    return ModelExecutor(ModelConfig(num_threads=2), CACHE)
+    # quantization "none": auto times its kernels at load, so two processes may pick different
+    # ones; tests that compare an engine core in its own process with this one need the same.
+    return ModelExecutor(ModelConfig(num_threads=2, quantization="none"), CACHE)
 
 
 def real_engine(**scheduler: Any) -> Engine:
@@ -68,7 +70,7 @@ def free_port() -> int:
 
 def core_config(**scheduler: Any) -> EngineConfig:
     """The config of real_engine(), for an engine core in its own process."""
-    model = ModelConfig(num_threads=2, max_model_len=MAX_MODEL_LEN)
+    model = ModelConfig(num_threads=2, max_model_len=MAX_MODEL_LEN, quantization="none")
     return EngineConfig(model=model, cache=CACHE, scheduler=SchedulerConfig(**scheduler))
 
 
