@@ -20,6 +20,7 @@ from heddle.core.block_hash import BlockHash
 from heddle.errors import InvalidRequestError
 from heddle.metrics.record import RequestRecord
 from heddle.sessions.session import SessionInfo
+from heddle.reasoning.phase import ReasoningState
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per generated token; None: none
     skip_special_tokens: bool = True
+    # Reasoning models: thinking tokens after which the engine closes the block (None: no cap).
+    max_thinking_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +72,8 @@ class SamplingParams:
             raise InvalidRequestError("min_tokens must be >= 0", "min_tokens")
         if self.logprobs is not None and self.logprobs < 0:
             raise InvalidRequestError("logprobs must be >= 0", "logprobs")
+        if self.max_thinking_tokens is not None and self.max_thinking_tokens < 0:
+            raise InvalidRequestError("max_thinking_tokens must be >= 0", "max_thinking_tokens")
         if any(s == "" for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty", "stop")
 
@@ -114,6 +119,8 @@ class Request:
     session: SessionInfo | None = None
     # Admission order, set by the scheduler: breaks ties between equal arrival times.
     seq: int = 0
+    # Reasoning models: the phase (thinking / answering), thinking tokens used, the budget.
+    reasoning: ReasoningState | None = None
 
     all_token_ids: list[int] = field(default_factory=list)  # the prompt, then the outputs
     num_computed_tokens: int = 0

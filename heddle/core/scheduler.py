@@ -297,6 +297,8 @@ class Scheduler:
                     ):
                         continue
                     step.tell_executor(request)
+                elif not request.known_to_executor:
+                    step.tell_executor(request)  # sent again whole (a forced token)
                 tokens_left -= 1
                 rows.append(request)
                 ids.append(request.request_id)
@@ -579,6 +581,11 @@ class Scheduler:
                 kv.commit_computed(request)
             if not token_ids:
                 continue
+            if request.reasoning is not None:
+                self._append_reasoning(request, token_ids, now, step_index)
+                if collect_updated:
+                    updated.append(request)
+                continue
             runs = request.token_runs
             tokens = request.all_token_ids
             stops = request.stop_token_set
@@ -598,6 +605,40 @@ class Scheduler:
                 updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
         return updated
+
+    def _append_reasoning(
+        self, request: Request, token_ids: Sequence[int], now: float, step_index: int
+    ) -> None:
+        """Append a reasoning request's tokens: its state sees every token, and a closing
+        marker the thinking budget forces is appended as the next output token (computed by
+        the next step like any known token); tokens after the cut, if a step brought several,
+        are dropped. The executor did not sample the marker: the request is sent to it again
+        whole (`known_to_executor`), with its tokens as they now are."""
+        tokens = request.all_token_ids
+        state = request.reasoning
+        assert state is not None
+        pending = list(token_ids)
+        forced_any = False
+        while pending:
+            token_id = pending.pop(0)
+            tokens.append(token_id)
+            runs = request.token_runs
+            if runs and runs[-1] == step_index - 1:
+                runs[-1] = step_index
+            else:
+                request.record.token_times.add(step_index)
+                if len(tokens) == request.num_prompt_tokens + 1:
+                    request.first_token_time = request.record.first_token_time = now
+            num_output = len(tokens) - request.num_prompt_tokens
+            if self._finish_stopped(request, token_id, num_output):
+                return
+            forced = state.observe(token_id)
+            if forced is not None:
+                pending = [forced]
+                forced_any = True
+        if forced_any:
+            request.num_computed_tokens = min(request.num_computed_tokens, len(tokens) - 1)
+            request.known_to_executor = False
 
     def _finish_stopped(self, request: Request, token_id: int, num_output: int) -> bool:
         """Finish a request whose last token may stop it; False if it goes on (a stop token

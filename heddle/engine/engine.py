@@ -27,6 +27,7 @@ from heddle.errors import InvalidRequestError
 from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
+from heddle.reasoning import Phase, ReasoningFormat, ReasoningState, thinking_budget
 from heddle.request import FinishReason, SamplingParams
 from heddle.sessions.manager import recompute_cost_of
 from heddle.sessions.retention import Costs
@@ -56,6 +57,7 @@ class Engine:
         final_outputs_only: bool = False,
         compact_records: bool = False,
         kv_namespace: str = "",
+        reasoning_format: ReasoningFormat | None = None,
     ) -> None:
         """`kv_namespace` names what makes this engine's KV differ from another's (the model);
         it is part of every prefix-cache hash. `compact_records` keeps finished records' token
@@ -66,6 +68,8 @@ class Engine:
         self.executor = executor
         self.clock: Clock = clock or WallClock()
         self.tokenizer = tokenizer
+        # Reasoning models: every request's phase is tracked, and thinking budgets enforced.
+        self.reasoning_format = reasoning_format
         self.kv_cache = KVCacheManager(
             num_blocks,
             config.cache.block_size,
@@ -103,6 +107,8 @@ class Engine:
         from heddle.model.executor import ModelExecutor
 
         executor = ModelExecutor(config.model, config.cache)
+        if executor.tokenizer is not None and "reasoning_format" not in kwargs:
+            kwargs["reasoning_format"] = ReasoningFormat.from_tokenizer(executor.tokenizer)
         return cls(
             config,
             executor,
@@ -155,11 +161,16 @@ class Engine:
         expected_pause: float | None = None,
         close_session: bool = False,
         tool: str | None = None,
+        true_thinking_len: int | None = None,
     ) -> None:
         """Queue a request (n sequences when params.n > 1): all of them, or none.
 
         `session_id` makes it a turn of an agent session (heddle/sessions): its KV may stay
         parked for the session's next turn; `close_session` ends the session with this turn.
+
+        With a reasoning format, a thinking budget of 0 on a prompt that opens the thinking
+        block closes it in the prompt (`ReasoningFormat.prepare_prompt`). Simulated requests
+        may carry `true_thinking_len`: their phase turns after that many output tokens.
 
         Raises InvalidRequestError, or QueueFullError when the waiting queue is at its bound.
         """
@@ -170,6 +181,10 @@ class Engine:
         )
         if session is not None and params.n > 1:
             raise InvalidRequestError("a session's turn must have n=1", "n")
+        fmt = self.reasoning_format
+        budget = thinking_budget(params.max_thinking_tokens, None, params.max_tokens)
+        if fmt is not None:
+            prompt_token_ids, _ = fmt.prepare_prompt(prompt_token_ids, budget)
         requests = self.inputs.make_requests(
             request_id,
             prompt_token_ids,
@@ -185,6 +200,13 @@ class Engine:
             cache_salt=cache_salt,
             session=session,
         )
+        for request in requests:
+            if true_thinking_len:
+                request.reasoning = ReasoningState(
+                    phase=Phase.THINKING, true_thinking_len=true_thinking_len
+                )
+            elif fmt is not None:
+                request.reasoning = fmt.new_state(request.prompt_token_ids, budget)
         self.scheduler.add_requests(requests)
         self.outputs.add(request_id, prompt, prompt_token_ids, requests)
 

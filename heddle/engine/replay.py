@@ -96,6 +96,7 @@ def replay(
                     tpot_slo=request.tpot_slo,
                     true_output_len=request.output_len,
                     **session_fields(request),
+                    true_thinking_len=request.thinking_len or None,
                 )
             except HeddleError as exc:
                 result.rejected.append((request.request_id, str(exc)))

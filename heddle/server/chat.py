@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request
@@ -12,7 +13,9 @@ from fastapi.responses import JSONResponse, Response
 
 from heddle.engine.async_engine import RequestStream
 from heddle.engine.outputs import RequestOutput
+from heddle.reasoning import thinking_budget
 from heddle.server.generation import SSE_DONE, Prompt, follow, sse, stream_error, submit
+from heddle.server.reasoning import ReasoningView, reasoning_format_of
 from heddle.server.render import chat_logprobs, usage
 from heddle.server.responses import AbortingStreamingResponse, run_to_completion
 from heddle.server.schemas import ChatCompletionRequest
@@ -25,10 +28,18 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     body.check_supported()
     prompt = await _prompt(state, body)
     params = body.sampling_params(body.max_output_tokens, body.num_logprobs)
+    budget = thinking_budget(body.max_thinking_tokens, body.reasoning_effort, params.max_tokens)
+    reasoning = None
+    fmt = reasoning_format_of(state.tokenizer)
+    if fmt is not None:
+        params = replace(params, max_thinking_tokens=budget)
+        ids, starts_in_thinking = fmt.prepare_prompt(prompt.token_ids, budget)
+        prompt = Prompt(ids, prompt.text)
+        reasoning = ReasoningView(fmt.parser(), starts_in_thinking)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     hints = body.scheduling_hints(raw.headers)
     streams = await submit(state, request_id, [prompt], params, hints)
-    view = _View(state, body, request_id)
+    view = _View(state, body, request_id, reasoning)
     if body.stream:
         return AbortingStreamingResponse(view.stream(streams[0]), state, streams)
     finals = await run_to_completion(raw, state, streams)
@@ -37,7 +48,10 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
 
 async def _prompt(state: ServerState, body: ChatCompletionRequest) -> Prompt:
     messages = [m.for_template(i) for i, m in enumerate(body.messages)]
-    kwargs: dict[str, Any] = {"add_generation_prompt": body.add_generation_prompt}
+    kwargs: dict[str, Any] = {
+        **(body.chat_template_kwargs or {}),
+        "add_generation_prompt": body.add_generation_prompt,
+    }
     if body.tools:
         kwargs["tools"] = body.tools
     text = await state.render_chat(messages, **kwargs)
@@ -48,11 +62,28 @@ async def _prompt(state: ServerState, body: ChatCompletionRequest) -> Prompt:
 class _View:
     """Renders the engine outputs of one request as OpenAI chat completion objects."""
 
-    def __init__(self, state: ServerState, body: ChatCompletionRequest, request_id: str) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        body: ChatCompletionRequest,
+        request_id: str,
+        reasoning: ReasoningView | None = None,
+    ) -> None:
         self.state = state
         self.body = body
         self.request_id = request_id
+        self.reasoning = reasoning  # None: the text is all content
         self.created = int(time.time())
+
+    def _message(self, text: str) -> dict[str, Any]:
+        if self.reasoning is None:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", **self.reasoning.message(text)}
+
+    def _delta(self, index: int, delta_text: str, finished: bool) -> dict[str, Any]:
+        if self.reasoning is None:
+            return {"content": delta_text} if delta_text else {}
+        return self.reasoning.delta(index, delta_text, finished)
 
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -67,7 +98,7 @@ class _View:
         choices = [
             {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": self._message(c.text),
                 "logprobs": chat_logprobs(self.state, c.logprobs)
                 if c.logprobs is not None
                 else None,
@@ -102,13 +133,14 @@ class _View:
                         new = c.delta_logprobs
                         if new:
                             logprobs = chat_logprobs(self.state, new)
-                    if not c.delta_text and not c.finished and logprobs is None:
+                    delta = self._delta(c.index, c.delta_text, c.finished)
+                    if not delta and not c.finished and logprobs is None:
                         continue
                     if c.finished:
                         done.add(c.index)
                     choice = {
                         "index": c.index,
-                        "delta": {"content": c.delta_text} if c.delta_text else {},
+                        "delta": delta,
                         "logprobs": logprobs,
                         "finish_reason": c.finish_reason,
                     }

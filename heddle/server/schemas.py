@@ -195,6 +195,10 @@ class ChatCompletionRequest(_CommonRequest):
     tools: list[dict[str, Any]] | None = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
+    # Reasoning models: extra template variables (e.g. enable_thinking) and thinking budgets.
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_thinking_tokens: int | None = Field(None, ge=0)
+    reasoning_effort: str | None = None  # none | low | medium | high
 
     @property
     def max_output_tokens(self) -> int | None:

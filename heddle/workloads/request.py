@@ -72,6 +72,9 @@ class WorkloadRequest:
     # ids in every request (a system prompt, tool descriptions), so the prefix cache can find
     # them across programs. The rest of the prompt is drawn from `prompt_seed`.
     shared_prefix: tuple[tuple[str, int], ...] = ()
+    # Reasoning workloads: output tokens of the thinking phase (closing marker included);
+    # the rest of output_len is the answer. 0: no thinking phase.
+    thinking_len: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.shared_prefix, tuple) or any(
@@ -107,6 +110,11 @@ class WorkloadRequest:
             raise HeddleError(
                 f"request {self.request_id}: arrival_time must be finite and >= 0, "
                 f"got {self.arrival_time}"
+            )
+        if not 0 <= self.thinking_len < self.output_len:
+            raise HeddleError(
+                f"request {self.request_id}: thinking_len must be in [0, output_len), "
+                f"got {self.thinking_len}"
             )
         for name in ("ttft_slo", "tpot_slo"):
             value = getattr(self, name)
