@@ -1,0 +1,148 @@
+"""Draft-model proposals: a smaller model that shares the target's tokenizer guesses k tokens.
+
+The draft model runs in its own `ModelExecutor` with its own paged KV cache. Per request it
+keeps the tokens it has K/V for; each proposal round first rolls that back to the longest
+prefix the request's known tokens still share (rejected drafts are forgotten), computes the
+known tokens it has not seen in one chunk, then decodes k tokens one step at a time, batched
+across requests. Greedy requests get the draft's argmax (point masses); sampled requests get
+draws from the draft's distribution under the request's own sampling parameters, with those
+distributions (q) for rejection sampling. A request the draft cache cannot hold gets no
+proposal (it decodes normally) rather than an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.errors import HeddleError
+from heddle.model.executor import ModelExecutor
+from heddle.request import SamplingParams
+from heddle.spec.rejection import sampling_probs
+
+
+@dataclass(slots=True)
+class DraftProposal:
+    token_ids: list[int]
+    probs: torch.Tensor | None = None  # [len(token_ids), vocab] for sampled requests
+
+
+@dataclass(slots=True)
+class ProposalRequest:
+    request_id: str
+    token_ids: Sequence[int]  # the request's known tokens (prompt + output)
+    k: int
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _DraftState:
+    computed: list[int] = field(default_factory=list)  # tokens with K/V in the draft cache
+    blocks: list[int] = field(default_factory=list)
+
+
+class DraftModelProposer:
+    def __init__(self, executor: ModelExecutor, target_vocab_size: int | None = None,
+                 seed: int = 0) -> None:
+        if target_vocab_size is not None and executor.arch.vocab_size != target_vocab_size:
+            raise HeddleError(
+                f"the draft model's vocabulary ({executor.arch.vocab_size} tokens) differs from "
+                f"the target's ({target_vocab_size}): they must share a tokenizer"
+            )
+        self.executor = executor
+        self.block_size = executor.block_size
+        self._free = list(range(executor.num_blocks - 1, -1, -1))
+        self._states: dict[str, _DraftState] = {}
+        self._step_id = 0
+        self._generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            state = self._states.pop(request_id, None)
+            if state is not None:
+                self._free.extend(state.blocks)
+
+    def propose(self, requests: Sequence[ProposalRequest]) -> dict[str, DraftProposal]:
+        """Up to `k` draft tokens per request, all requests batched in each draft step."""
+        active: list[tuple[ProposalRequest, _DraftState, list[int]]] = []
+        out: dict[str, DraftProposal] = {}
+        for request in requests:
+            if request.k <= 0 or not request.token_ids:
+                continue
+            state = self._states.setdefault(request.request_id, _DraftState())
+            known = list(request.token_ids)
+            common = _common_prefix(state.computed, known)
+            common = min(common, len(known) - 1)  # the last known token gives the logits
+            del state.computed[common:]
+            if not self._reserve(state, len(known) + request.k - 1):
+                continue
+            active.append((request, state, known[common:]))
+            out[request.request_id] = DraftProposal([])
+        probs: dict[str, list[torch.Tensor]] = {r.request_id: [] for r, _, _ in active}
+        with torch.inference_mode():
+            for round_index in range(max((r.k for r, _, _ in active), default=0)):
+                batch = [(r, s, chunk) for r, s, chunk in active if r.k > round_index]
+                if not batch:
+                    break
+                logits = self._step(batch)
+                for (request, state, chunk), row in zip(batch, logits, strict=True):
+                    state.computed.extend(chunk)
+                    token, q = self._pick(row, request.params)
+                    out[request.request_id].token_ids.append(token)
+                    if q is not None:
+                        probs[request.request_id].append(q)
+                    chunk[:] = [token]  # next round computes this draft token
+        for request_id, rows in probs.items():
+            if rows:
+                out[request_id].probs = torch.stack(rows)
+        return out
+
+    def _step(self, batch: list[tuple[ProposalRequest, _DraftState, list[int]]]
+              ) -> list[torch.Tensor]:
+        scheduled = [
+            ScheduledRequest(
+                request_id=request.request_id,
+                token_ids=list(chunk),
+                start_position=len(state.computed),
+                block_table=state.blocks,
+                sample=True,
+                sampling_params=request.params,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_output_tokens=max(0, len(state.computed) - request.num_prompt_tokens),
+            )
+            for request, state, chunk in batch
+        ]
+        logits = self.executor.compute_logits(SchedulerOutput(self._step_id, scheduled))
+        self._step_id += 1
+        return [logits[request.request_id] for request, _, _ in batch]
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams
+              ) -> tuple[int, torch.Tensor | None]:
+        if params.temperature == 0.0:
+            return int(logits.argmax()), None
+        q = sampling_probs(logits.float().unsqueeze(0), params)[0]
+        return int(torch.multinomial(q, 1, generator=self._generator)), q
+
+    def _reserve(self, state: _DraftState, num_tokens: int) -> bool:
+        needed = -(-num_tokens // self.block_size) - len(state.blocks)
+        if needed > len(self._free):
+            return False
+        for _ in range(needed):
+            state.blocks.append(self._free.pop())
+        return True
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
