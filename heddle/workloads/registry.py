@@ -24,6 +24,7 @@ from heddle.workloads.synthetic import (
     random_workload,
     reasoning_mix,
 )
+from heddle.workloads.thinking import thinking_mix
 from heddle.workloads.traces import TRACE_FILES, trace
 
 GENERATORS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType(
@@ -32,6 +33,7 @@ GENERATORS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType(
         "chat": chat,
         "long-prompt-mix": long_prompt_mix,
         "reasoning-mix": reasoning_mix,
+        "thinking-mix": thinking_mix,
         "multi-tenant": multi_tenant,
         "agent": agent,
         "agent-swe": swe_agent,

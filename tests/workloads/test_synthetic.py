@@ -32,6 +32,7 @@ from heddle.workloads import (
         "chat",
         "long-prompt-mix",
         "reasoning-mix",
+        "thinking-mix",
         "multi-tenant",
         "agent",
         "agent-swe",
@@ -104,6 +105,21 @@ def test_reasoning_mix_shares_and_lengths() -> None:
     short = [r.output_len for r in requests if r.request_class == "short"]
     assert len(deep) == 200 and len(short) == 800
     assert statistics.mean(deep) / statistics.mean(short) > 10
+
+
+def test_thinking_mix_classes_phases_and_means() -> None:
+    requests = get_workload("thinking-mix", seed=1, num_requests=2000).requests
+    by_class: dict[str, list[WorkloadRequest]] = {}
+    for r in requests:
+        by_class.setdefault(r.request_class, []).append(r)
+        assert 0 <= r.thinking_len < r.output_len <= 32768
+    assert {c: len(v) for c, v in by_class.items()} == {"chat": 1200, "qa": 500, "math": 300}
+    assert all(r.thinking_len == 0 for r in by_class["chat"])
+    for cls, thinking in (("qa", 1100), ("math", 12000)):
+        mean = statistics.mean(r.thinking_len for r in by_class[cls])
+        assert 0.85 * thinking < mean < 1.15 * thinking
+    with pytest.raises(HeddleError, match="sum to 1"):
+        get_workload("thinking-mix", chat_share=0.5)
 
 
 def test_multi_tenant_flood_share_and_users() -> None:

@@ -11,6 +11,7 @@ it (when it was first ordered), not of a prediction made after more was learned.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -116,3 +117,146 @@ class OutputLenPredictor:
             recent_abs_error=sum(a for a, _ in recent) / len(recent) if recent else 0.0,
             recent_rel_error=sum(r for _, r in recent) / len(recent) if recent else 0.0,
         )
+
+
+# -- re-prediction of the remaining length ----------------------------------------------------
+
+CHECKPOINTS = (0, 64, 256)  # generated tokens at which accuracy is recorded
+
+
+@dataclass(slots=True)
+class _Lengths:
+    """A window of observed lengths, sorted on demand, for conditional residual means."""
+
+    recent: deque[int]
+    _sorted: list[int] | None = None
+    _suffix: list[int] | None = None  # _suffix[i] = sum(_sorted[i:])
+
+    def add(self, length: int) -> None:
+        self.recent.append(length)
+        self._sorted = self._suffix = None
+
+    def residual(self, done: int) -> float | None:
+        """Mean of (L - done) over the observed L > done; None when none is that long."""
+        if self._sorted is None or self._suffix is None:
+            self._sorted = sorted(self.recent)
+            suffix = [0] * (len(self._sorted) + 1)
+            for i in range(len(self._sorted) - 1, -1, -1):
+                suffix[i] = suffix[i + 1] + self._sorted[i]
+            self._suffix = suffix
+        first = bisect.bisect_right(self._sorted, done)
+        count = len(self._sorted) - first
+        if count == 0:
+            return None
+        return self._suffix[first] / count - done
+
+
+class RemainingLenPredictor:
+    """Re-predicts a request's remaining output tokens from what it has generated so far.
+
+    A request is in one of two phases (`heddle.reasoning.Phase`; a request of a model without
+    reasoning is answering from its first token). From finished requests it keeps, per class
+    and over all classes, the lengths of thinking phases and of answers
+    (the last `window` of each). The remaining length of a request `done` tokens into its
+    phase is the empirical mean residual life, E[L - done | L > done], of that phase's
+    lengths, plus (while thinking) the mean answer length: so it follows what the request has
+    already shown (a thinking phase that ran long is expected to run longer, heavy tails and
+    all) instead of scoring the prompt once. Beyond every observed length it predicts a
+    quarter of what the phase has used so far. (Not per prompt-length bucket, unlike
+    `OutputLenPredictor`: where output does not depend on the prompt, as on the simulator's
+    workloads, per-bucket estimates only add noise that breaks ties within a class.)
+
+    Accuracy is recorded honestly: at each checkpoint (0, 64, 256 generated tokens) the
+    prediction made then, by a predictor that has learnt only from requests finished before,
+    is kept with the actual remaining length once the request finishes (`accuracy`).
+    """
+
+    def __init__(
+        self,
+        default_output_len: float = 128.0,
+        min_samples: int = 8,
+        window: int = 2048,
+        checkpoints: tuple[int, ...] = CHECKPOINTS,
+    ) -> None:
+        if default_output_len <= 0 or min_samples < 1 or window < 1:
+            raise ValueError("bad predictor options")
+        self.default_output_len = float(default_output_len)
+        self.min_samples = min_samples
+        self.window = window
+        self.checkpoints = tuple(sorted(checkpoints))
+        self._thinking: dict[_Key, _Lengths] = {}
+        self._answer: dict[_Key, _Lengths] = {}
+        self._pending: dict[str, dict[int, tuple[float, int]]] = {}
+        # checkpoint -> [(predicted remaining, actual remaining, request id)], in finish order
+        self.accuracy: dict[int, list[tuple[float, int, str]]] = {c: [] for c in self.checkpoints}
+
+    @staticmethod
+    def _keys(request: Request) -> list[_Key]:
+        return [("c", request.request_class), ("all",)]
+
+    def _lengths(self, table: dict[_Key, _Lengths], request: Request) -> _Lengths | None:
+        for key in self._keys(request):
+            entry = table.get(key)
+            if entry is not None and len(entry.recent) >= self.min_samples:
+                return entry
+        return None
+
+    def _residual(self, table: dict[_Key, _Lengths], request: Request, done: int) -> float:
+        entry = self._lengths(table, request)
+        if entry is None:
+            return max(1.0, self.default_output_len - done)
+        residual = entry.residual(done)
+        return max(1.0, residual if residual is not None else 0.25 * done)
+
+    def predict_remaining(self, request: Request) -> float:
+        """Predicted output tokens still to come (>= 1)."""
+        state = request.reasoning
+        if state is not None and state.is_thinking:
+            done = state.tokens_in_phase
+            remaining = self._residual(self._thinking, request, done)
+            answer = self._lengths(self._answer, request)
+            if answer is not None:
+                remaining += answer.residual(0) or 0.0
+        else:
+            done = state.tokens_in_phase if state is not None else request.num_output_tokens
+            remaining = self._residual(self._answer, request, done)
+        self._record(request, remaining)
+        return remaining
+
+    def _record(self, request: Request, remaining: float) -> None:
+        generated = request.num_output_tokens
+        pending = self._pending.setdefault(request.request_id, {})
+        for checkpoint in self.checkpoints:
+            if checkpoint > generated:
+                break
+            # The first prediction at or past the checkpoint, made before any later one.
+            if checkpoint not in pending and generated - checkpoint < 16:
+                pending[checkpoint] = (remaining, generated)
+
+    def observe(self, request: Request) -> None:
+        """Learn the phase lengths of a finished request; score its recorded predictions."""
+        pending = self._pending.pop(request.request_id, {})
+        if request.finish_reason is FinishReason.ABORT or request.num_output_tokens == 0:
+            return
+        total = request.num_output_tokens
+        for checkpoint, (predicted, generated) in pending.items():
+            self.accuracy[checkpoint].append((predicted, total - generated, request.request_id))
+        state = request.reasoning
+        thinking: int | None = None  # None: the request did not think
+        answer: int | None = total
+        if state is not None and state.num_blocks:
+            if state.is_thinking:
+                thinking, answer = total, None  # cut off while thinking: no answer seen
+            else:
+                thinking, answer = state.phase_start, total - state.phase_start
+        for key in self._keys(request):
+            if thinking is not None:
+                self._table(self._thinking, key).add(thinking)
+            if answer is not None:
+                self._table(self._answer, key).add(answer)
+
+    def _table(self, table: dict[_Key, _Lengths], key: _Key) -> _Lengths:
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = _Lengths(deque(maxlen=self.window))
+        return entry

@@ -3,8 +3,11 @@
 A request's remaining work is its predicted remaining output (predicted output length minus
 tokens generated so far, at least 1) plus `prompt_weight` times its prompt tokens still to
 compute. Output lengths come from an online predictor (`predictor.py`) that learns from every
-finished request. Aging forgives one token of work per `aging_seconds` since arrival, so a long
-job is ahead of any job that arrives more than (its work) * aging_seconds later: no starvation.
+finished request; with `repredict` the remaining output is re-predicted every step from what
+the request has generated so far, its phase (thinking or answering) and its class
+(`RemainingLenPredictor`) instead of being fixed at arrival. Aging forgives one token of work
+per `aging_seconds` since arrival, so a long job is ahead of any job that arrives more than
+(its work) * aging_seconds later: no starvation.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import math
 from typing import TYPE_CHECKING
 
 from heddle.core.policies.base import Policy
-from heddle.core.policies.predictor import OutputLenPredictor
+from heddle.core.policies.predictor import OutputLenPredictor, RemainingLenPredictor
 from heddle.core.policies.registry import register
 
 if TYPE_CHECKING:
@@ -60,12 +63,20 @@ class SJFPolicy(RemainingWorkPolicy):
         prompt_weight: float = 1.0,
         default_output_len: float = 128.0,
         min_samples: int = 2,
+        repredict: bool = False,
     ) -> None:
         super().__init__(aging_seconds, prompt_weight)
         self.predictor = OutputLenPredictor(default_output_len, min_samples)
+        self.remaining: RemainingLenPredictor | None = None
+        if repredict:
+            self.remaining = RemainingLenPredictor(default_output_len, max(min_samples, 8))
 
     def predicted_output_len(self, request: Request) -> float:
+        if self.remaining is not None:
+            return request.num_output_tokens + self.remaining.predict_remaining(request)
         return self.predictor.predict(request)
 
     def on_finished(self, request: Request) -> None:
         self.predictor.observe(request)
+        if self.remaining is not None:
+            self.remaining.observe(request)
