@@ -1,0 +1,101 @@
+"""The per-request draft-count decision: acceptance tracking, the step cost table, the greedy."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from heddle.spec.adaptive import (
+    AcceptanceTracker,
+    DraftCandidate,
+    StepCostTable,
+    choose_draft_counts,
+)
+
+
+def test_acceptance_counts_positions_until_the_first_rejection():
+    tracker = AcceptanceTracker(prior_rate=0.5, prior_weight=2.0, decay=1.0)
+    assert tracker.rate("a") == 0.5
+    tracker.observe("a", 4, 4)  # 4 successes, no failure
+    tracker.observe("a", 4, 1)  # 1 success, 1 failure (positions 3 and 4 never tried)
+    # own: 5 successes of 6 trials; prior (global, 0.5 shrunk by the slow decay) weighs 2.
+    g = tracker.global_rate
+    assert tracker.rate("a") == pytest.approx((5 + 2 * g) / (6 + 2))
+    assert tracker.num_drafted == 8 and tracker.num_accepted == 5
+    with pytest.raises(ValueError):
+        tracker.observe("a", 2, 3)
+    tracker.forget(["a"])
+    assert tracker.rate("a") == g
+
+
+def test_acceptance_follows_a_request_that_stops_matching():
+    tracker = AcceptanceTracker(prior_weight=1.0, decay=0.8)
+    for _ in range(20):
+        tracker.observe("r", 4, 4)
+    high = tracker.rate("r")
+    for _ in range(10):
+        tracker.observe("r", 4, 0)
+    assert high > 0.9 and tracker.rate("r") < 0.45
+
+
+def flat_then_linear(knee: int, base: float = 0.01, per_token: float = 0.001) -> StepCostTable:
+    """Steps cost `base` up to `knee` tokens (memory-bound), then grow per token."""
+    table = StepCostTable(decay=1.0)
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        table.observe(tokens, base + per_token * max(0, tokens - knee))
+    return table
+
+
+def test_cost_table_interpolates_and_extrapolates_pessimistically():
+    table = StepCostTable(decay=1.0)
+    assert not table.known and math.isnan(table.cost(4))
+    table.observe(10, 1.0)
+    table.observe(12, 1.2)  # the same bucket (8..15): means 11 tokens, 1.1 s
+    table.observe(40, 2.0)
+    table.observe(40, 0.5)  # a noisy fast step: the mean, 1.25, still >= the smaller bucket
+    assert table.cost(11) == pytest.approx(1.1)
+    assert table.cost(1) == pytest.approx(1.1)  # below what was seen: the smallest bucket
+    assert table.cost(25.5) == pytest.approx(1.1 + 0.15 * (25.5 - 11) / 29)
+    assert table.cost(80) == pytest.approx(1.25 * 2)  # beyond: in proportion to tokens
+
+
+def test_memory_bound_step_speculates_fully_and_compute_bound_step_not_at_all():
+    table = flat_then_linear(knee=64)
+    candidates = [DraftCandidate(f"r{i}", rate=0.8, max_drafts=4) for i in range(4)]
+    # 4 decodes, far below the knee: every draft is free, all are taken.
+    assert choose_draft_counts(candidates, 4, 4.0, table, 1000) == {f"r{i}": 4 for i in range(4)}
+    # 256 decodes, far above the knee: a token costs ~0.001 s on a ~0.2 s step, while a draft
+    # is worth at most 0.8 of a token of the step's 256: nothing pays.
+    many = [DraftCandidate(f"r{i}", rate=0.8, max_drafts=4) for i in range(256)]
+    assert choose_draft_counts(many, 256, 256.0, table, 1000) == {}
+    # The token budget caps the drafts; a proposal's own length caps each request.
+    assert sum(choose_draft_counts(candidates, 4, 4.0, table, 5).values()) == 5
+    short = [DraftCandidate("s", rate=0.9, max_drafts=2)]
+    assert choose_draft_counts(short, 1, 1.0, table, 10) == {"s": 2}
+    assert choose_draft_counts(short, 1, 1.0, StepCostTable(), 10) == {}  # no costs yet
+
+
+def test_the_likely_drafts_go_first_and_weights_favour_slo_requests():
+    # Cost rises 10% per token from the start: only drafts worth > ~0.1 x tokens per token.
+    table = StepCostTable(decay=1.0)
+    for tokens in (1, 2, 4, 8, 16, 32):
+        table.observe(tokens, 1.0 + 0.1 * tokens)
+    candidates = [
+        DraftCandidate("likely", rate=0.9, max_drafts=8),
+        DraftCandidate("unlikely", rate=0.2, max_drafts=8),
+    ]
+    chosen = choose_draft_counts(candidates, 2, 2.0, table, 100)
+    assert chosen.get("likely", 0) >= 3 and "unlikely" not in chosen
+    weighted = [DraftCandidate("slo", rate=0.5, max_drafts=8, weight=2.0),
+                DraftCandidate("plain", rate=0.5, max_drafts=8)]
+    chosen = choose_draft_counts(weighted, 2, 3.0, table, 100)
+    assert chosen.get("slo", 0) > chosen.get("plain", 0)
+    # Expected value per second never falls below the step without drafts.
+    for cands, base in ((candidates, 2.0), (weighted, 3.0)):
+        chosen = choose_draft_counts(cands, 2, base, table, 100)
+        value = base + sum(
+            c.weight * sum(c.rate**j for j in range(1, chosen.get(c.request_id, 0) + 1))
+            for c in cands
+        )
+        assert value / table.cost(2 + sum(chosen.values())) >= base / table.cost(2)
