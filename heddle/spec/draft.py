@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from heddle.core.outputs import ScheduledRequest, SchedulerOutput
+from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.errors import HeddleError
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
@@ -58,6 +58,7 @@ class DraftModelProposer:
         self._free = list(range(executor.num_blocks - 1, -1, -1))
         self._states: dict[str, _DraftState] = {}
         self._step_id = 0
+        self._forgotten: list[str] = []  # ids the draft executor may drop at its next step
         self._generator = torch.Generator().manual_seed(seed)
 
     @property
@@ -69,6 +70,7 @@ class DraftModelProposer:
             state = self._states.pop(request_id, None)
             if state is not None:
                 self._free.extend(state.blocks)
+                self._forgotten.append(request_id)
 
     def propose(self, requests: Sequence[ProposalRequest]) -> dict[str, DraftProposal]:
         """Up to `k` draft tokens per request, all requests batched in each draft step."""
@@ -107,20 +109,19 @@ class DraftModelProposer:
 
     def _step(self, batch: list[tuple[ProposalRequest, _DraftState, list[int]]]
               ) -> list[torch.Tensor]:
-        scheduled = [
-            ScheduledRequest(
-                request_id=request.request_id,
-                token_ids=list(chunk),
-                start_position=len(state.computed),
-                block_table=state.blocks,
-                sample=True,
-                sampling_params=request.params,
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_output_tokens=max(0, len(state.computed) - request.num_prompt_tokens),
-            )
-            for request, state, chunk in batch
-        ]
-        logits = self.executor.compute_logits(SchedulerOutput(self._step_id, scheduled))
+        """One forward pass of the draft model over the batch's chunks. Each row is sent as a
+        new request (its tokens so far and its block table): the draft executor's own state
+        per request is replaced every round, so rollbacks need no message of their own."""
+        builder = OutputBuilder(self._step_id)
+        for request, state, chunk in batch:
+            known = state.computed + chunk
+            new = NewRequest(request.request_id, known, min(request.num_prompt_tokens, len(known)),
+                             list(state.blocks), request.params)
+            builder.add(request.request_id, len(state.computed), len(chunk), True,
+                        num_prompt_tokens=new.num_prompt_tokens, new_request=new)
+        output = builder.build(finished_request_ids=self._forgotten)
+        self._forgotten = []
+        logits = self.executor.compute_logits(output)
         self._step_id += 1
         return [logits[request.request_id] for request, _, _ in batch]
 
