@@ -51,6 +51,36 @@ class CacheConfig:
             raise HeddleError("kv_cache_memory_gb must be positive")
 
 
+SPECULATION_METHODS = ("off", "ngram", "sim")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding (heddle/spec/): who proposes draft tokens, and how many.
+
+    `method`: off; ngram (prompt lookup, no extra model); sim (the simulator: every decode is
+    offered drafts, the simulated executor accepts them at the workload's rate). `adaptive`:
+    each request gets 0..num_draft_tokens drafts per step from a goodput estimate
+    (heddle/spec/adaptive.py); False: always num_draft_tokens where a proposal has them.
+    """
+
+    method: str = "off"
+    num_draft_tokens: int = 4  # the most drafts a request gets in a step
+    adaptive: bool = True
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATION_METHODS:
+            raise HeddleError(
+                f"unknown speculation method {self.method!r}: use {', '.join(SPECULATION_METHODS)}"
+            )
+        if self.num_draft_tokens < 1:
+            raise HeddleError("num_draft_tokens must be positive")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise HeddleError("need 1 <= ngram_min <= ngram_max")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_batched_tokens: int = 512  # token budget of one step
@@ -67,6 +97,7 @@ class SchedulerConfig:
     max_park_seconds: float = 600.0  # no parked KV outlives this
     # Decision events (heddle/core/events.py): the ring buffer's size; 0 turns them off.
     decision_events: int = 65_536
+    speculation: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
     def __post_init__(self) -> None:
         if self.decision_events < 0:

@@ -37,6 +37,7 @@ from heddle.metrics.record import TokenTimeline, TokenTimes
 from heddle.request import FinishReason, Request, RequestStatus
 from heddle.sessions.manager import SessionManager
 from heddle.sessions.retention import make_retention
+from heddle.spec.speculator import Speculator
 
 RUNNING = RequestStatus.RUNNING
 
@@ -109,6 +110,10 @@ class Scheduler:
         # Requests finished while building or updating the current step (any reason).
         self.finished_in_step: list[Request] = []
         self._scheduled: list[Request] = []  # the rows of the last output, in order
+        # Speculative decoding (heddle/spec/): draft tokens for decoding requests, or None.
+        self.speculator: Speculator | None = None
+        if config.speculation.method != "off":
+            self.speculator = Speculator(config.speculation)
         self._step_start = 0.0
 
     def _order_key(self, request: Request) -> tuple[float, ...]:
@@ -180,6 +185,8 @@ class Scheduler:
         request.record.finish_reason = reason.value
         self._finished_since_last_step.append(request_id)
         self.finished_in_step.append(request)
+        if self.speculator is not None:
+            self.speculator.forget((request_id,))
         self.policy.on_finished(request)
         if self.events is not None:
             self.events.finished(request)
@@ -242,7 +249,10 @@ class Scheduler:
             ordered = list(self.running)
         else:
             ordered = policy.order_running(self.running, now)
-        self._serve_running(ordered, step, preempted, now)
+        drafts = None
+        if self.speculator is not None:
+            drafts = self._plan_drafts(ordered, step)
+        self._serve_running(ordered, step, preempted, now, drafts)
 
         # 2. Waiting requests, unless this step already had to preempt.
         if not preempted:
@@ -259,8 +269,33 @@ class Scheduler:
         self._step_start = self.clock.now()
         return output
 
+    def _plan_drafts(self, ordered: list[Request], step: StepBuilder) -> dict[str, list[int]]:
+        """Draft tokens for the running requests that decode this step (heddle/spec/). They
+        take only what the running requests' known tokens and the waiting prompts leave."""
+        assert self.speculator is not None
+        decoding = []
+        base = 0
+        for request in ordered:
+            wanted = len(request.all_token_ids) - request.num_computed_tokens
+            base += wanted
+            if wanted == 1:
+                decoding.append(request)
+        left = step.tokens_left - base
+        for request in self.waiting:
+            if left <= 0:
+                break
+            left -= request.num_tokens
+        if left <= 0 or not decoding:
+            return {}
+        return self.speculator.plan(decoding, min(base, step.tokens_left), left)
+
     def _serve_running(
-        self, ordered: list[Request], step: StepBuilder, preempted: list[Request], now: float
+        self,
+        ordered: list[Request],
+        step: StepBuilder,
+        preempted: list[Request],
+        now: float,
+        drafts: dict[str, list[int]] | None = None,
     ) -> None:
         """Give each running request what it still needs of the budget, in `ordered`'s order.
 
@@ -287,7 +322,7 @@ class Scheduler:
                 break
             start = request.num_computed_tokens
             wanted = len(request.all_token_ids) - start
-            if wanted == 1 and not lanes:
+            if wanted == 1 and not lanes and not (drafts and request.request_id in drafts):
                 # The decode fast path: StepBuilder.add_row for a one-token sampling row of a
                 # request the executor knows (it was admitted in an earlier step); only a new
                 # block needs telling it.
@@ -316,6 +351,9 @@ class Scheduler:
                 continue
             step.tokens_left = tokens_left
             lane = self.policy.lane_of(request) if lanes else ""
+            proposal = drafts.get(request.request_id) if drafts and wanted == 1 else None
+            if proposal:
+                wanted += len(proposal)
             num_new = step.grant(lane, wanted)
             if num_new <= 0:
                 if not request.idle:
@@ -327,7 +365,10 @@ class Scheduler:
                 request, start + num_new, ordered, index, preempted, now
             ):
                 continue
-            step.take(request, lane, num_new)
+            if proposal and num_new > 1:
+                step.take(request, lane, num_new, proposal[: num_new - 1])
+            else:
+                step.take(request, lane, num_new)
             tokens_left = step.tokens_left
             if request.idle:
                 accounting.busy(request)
@@ -566,6 +607,11 @@ class Scheduler:
         if not isinstance(sampled, list):
             raise TypeError("ExecutorOutput.sampled_token_ids is a list parallel to the rows")
         drafts = scheduler_output.draft_token_ids
+        speculator = self.speculator
+        if speculator is not None:
+            speculator.observe_step(
+                scheduler_output.num_scheduled_tokens, executor_output.step_duration
+            )
         for request, num_new, token_ids in zip(
             self._scheduled, scheduler_output.num_new_tokens, sampled, strict=True
         ):
@@ -575,7 +621,11 @@ class Scheduler:
             if drafts and token_ids:
                 # Rejected draft tokens were computed but do not count: their KV is garbage
                 # past the computed tokens, overwritten as the request grows.
-                computed -= len(drafts.get(request.request_id, ())) + 1 - len(token_ids)
+                proposed = drafts.get(request.request_id)
+                if proposed:
+                    computed -= len(proposed) + 1 - len(token_ids)
+                    if speculator is not None:
+                        speculator.observe(request.request_id, len(proposed), len(token_ids) - 1)
             request.num_computed_tokens = computed
             if caching and computed >= (request.num_committed_blocks + 1) * block_size:
                 kv.commit_computed(request)

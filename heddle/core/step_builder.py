@@ -54,14 +54,17 @@ class StepBuilder:
             num = min(num, self.lane_left[lane])
         return num
 
-    def take(self, request: Request, lane: str, num: int) -> None:
-        """Grant `num` tokens to `request` (its blocks already cover them): add its row."""
+    def take(
+        self, request: Request, lane: str, num: int, drafts: list[int] | None = None
+    ) -> None:
+        """Grant `num` tokens to `request` (its blocks already cover them): add its row.
+        `drafts`: the last len(drafts) of the `num` are draft tokens (speculative decoding)."""
         self.tokens_left -= num
         if lane in self.lane_left:
             self.lane_left[lane] -= num
-        self.add_row(request, num)
+        self.add_row(request, num, drafts)
 
-    def add_row(self, request: Request, num: int) -> None:
+    def add_row(self, request: Request, num: int, drafts: list[int] | None = None) -> None:
         """The row of `request` computing `num` tokens, with the totals and what the executor
         needs to know of it (the scheduler's decode fast path calls this directly)."""
         self.requests.append(request)
@@ -72,7 +75,12 @@ class StepBuilder:
         so.request_ids.append(request_id)
         so.num_computed_tokens.append(start)
         so.num_new_tokens.append(num)
+        if drafts:
+            so.draft_token_ids[request_id] = drafts
+            end -= len(drafts)
         samples = end == len(request.all_token_ids)
+        if drafts:
+            end += len(drafts)
         so.sample.append(samples)
         if samples:
             so.num_sampled += 1
@@ -145,6 +153,7 @@ class StepBuilder:
             for i, (r, n) in enumerate(zip(self.requests, so.num_new_tokens, strict=True))
             if i != index
         ]
+        drafts = so.draft_token_ids
         # Undo what the rows told the executor, then add them again.
         new_ids = {new.request_id for new in so.new_requests}
         for r in self.requests:
@@ -155,4 +164,4 @@ class StepBuilder:
         self.output = SchedulerOutput(step_id=so.step_id)
         self.requests = []
         for r, n in kept:
-            self.add_row(r, n)
+            self.add_row(r, n, drafts.get(r.request_id))

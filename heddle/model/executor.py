@@ -19,6 +19,7 @@ from heddle.model.sampler import Sampler, SamplingRow
 from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
 from heddle.request import SamplingParams
+from heddle.spec.rejection import verify
 
 
 class ModelExecutor:
@@ -125,8 +126,9 @@ class ModelExecutor:
             state = states.get(request_id)
             if state is None:
                 raise ValueError(f"{request_id}: scheduled but never sent as a new request")
-            token_ids = state.token_ids[start : start + num_new]
             drafts = so.draft_token_ids.get(request_id)
+            num_drafts = len(drafts) if drafts else 0
+            token_ids = state.token_ids[start : start + num_new - num_drafts]
             if drafts:
                 token_ids += drafts
             if len(token_ids) != num_new:
@@ -143,15 +145,16 @@ class ModelExecutor:
                 raise ValueError(f"{request_id}: block table too short for {end} tokens")
             if table and not 0 <= min(table) <= max(table) < self.num_blocks:
                 raise ValueError(f"{request_id}: block id outside 0..{self.num_blocks - 1}")
-            rows.append(_Row(request_id, token_ids, start, sample, state))
+            rows.append(_Row(request_id, token_ids, start, sample, state, num_drafts))
         return rows
 
     def _forward(self, rows: list[_Row]) -> tuple[list[_Row], torch.Tensor]:
         """Run the network on the step's tokens.
 
         Returns the rows in the order their tokens were laid out and the float32 logits of
-        the sampling rows [num_sampling, vocab], in that order. Single-token rows come first,
-        longest context first: they attend in batched groups of similar length.
+        the sampling rows [num_sampling, vocab], in that order (a row with k draft tokens has
+        k + 1: its last k + 1 positions). Single-token rows come first, longest context first:
+        they attend in batched groups of similar length.
         """
         computing = [r for r in rows if r.token_ids]
         decodes = sorted((r for r in computing if len(r.token_ids) == 1),
@@ -180,7 +183,10 @@ class ModelExecutor:
         for r in ordered:
             offset += len(r.token_ids)
             if r.sample:
-                sample_index.append(offset - 1)
+                if r.num_drafts:
+                    sample_index.extend(range(offset - 1 - r.num_drafts, offset))
+                else:
+                    sample_index.append(offset - 1)
         index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
         logits = self.model.compute_logits(hidden.index_select(0, index))
         return ordered, logits
@@ -189,9 +195,13 @@ class ModelExecutor:
         self, rows: list[_Row], scheduler_output: SchedulerOutput
     ) -> tuple[list[Sequence[int]], dict[str, list[TokenLogprobs]]]:
         ordered, logits = self._forward(rows)
-        sampling = [r for r in ordered if r.sample]
+        if any(r.num_drafts for r in ordered):
+            logits, verified = self._verify(ordered, logits)
+        else:
+            verified = {}
+        sampling = [r for r in ordered if r.sample and not r.num_drafts]
         if not sampling:
-            return [() for _ in rows], {}
+            return [verified.get(r.request_id, ()) for r in rows], {}
         if scheduler_output.token_masks is not None:
             _apply_token_masks(logits, sampling, scheduler_output.token_masks.wait())
         sampler_rows = [
@@ -200,12 +210,37 @@ class ModelExecutor:
             for r in sampling
         ]  # fmt: skip
         token_ids, logprobs = self.sampler.sample(logits, sampler_rows)
-        by_id: dict[str, list[int]] = {}
+        by_id: dict[str, list[int]] = verified
         for row, token in zip(sampling, token_ids, strict=True):
             row.state.token_ids.append(token)
             by_id[row.request_id] = [token]
         sampled: list[Sequence[int]] = [by_id.get(r.request_id, ()) for r in rows]
         return sampled, {sampling[i].request_id: [lp] for i, lp in logprobs.items()}
+
+    def _verify(
+        self, ordered: list[_Row], logits: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, list[int]]]:
+        """Verify the draft rows (heddle.spec.rejection): greedy rows keep the drafts that are
+        the target's argmax, sampled rows are rejection-sampled against the distribution the
+        sampler would draw from. Returns the logits of the other sampling rows and, per draft
+        row, its accepted drafts plus one token (appended to its known tokens here)."""
+        keep: list[int] = []
+        verified: dict[str, list[int]] = {}
+        offset = 0
+        for r in ordered:
+            if not r.sample:
+                continue
+            n = r.num_drafts + 1 if r.num_drafts else 1
+            if not r.num_drafts:
+                keep.append(offset)
+            else:
+                tokens = verify(logits[offset : offset + n], r.token_ids[-r.num_drafts :],
+                                r.state.sampling_params)
+                r.state.token_ids.extend(tokens)
+                verified[r.request_id] = tokens
+            offset += n
+        index = torch.tensor(keep, dtype=torch.int64, device=logits.device)
+        return logits.index_select(0, index), verified
 
     def compute_logits(self, scheduler_output: SchedulerOutput) -> dict[str, torch.Tensor]:
         """Run one step like `execute`, but return the float32 logits [vocab] of each sampling
@@ -241,6 +276,7 @@ class _Row:
     start_position: int
     sample: bool
     state: _RequestState
+    num_drafts: int = 0  # the last num_drafts of token_ids are draft tokens to verify
 
 
 def _apply_token_masks(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, SchedulerOutput
 from heddle.sim.cost_model import CostModel, StepShape
+from heddle.spec.sim import SimAcceptance
 
 _MASK64 = (1 << 64) - 1
 _NO_TOKENS: tuple[int, ...] = ()
@@ -45,8 +46,15 @@ class SimulatedExecutor:
     """Implements the `Executor` protocol with a cost model; state per request id."""
 
     def __init__(
-        self, cost_model: CostModel, clock: VirtualClock, vocab_size: int = 32000, seed: int = 0
+        self,
+        cost_model: CostModel,
+        clock: VirtualClock,
+        vocab_size: int = 32000,
+        seed: int = 0,
+        acceptance: SimAcceptance | None = None,
     ) -> None:
+        """`acceptance`: how simulated requests accept draft tokens (speculative decoding);
+        None rejects every draft."""
         if vocab_size < 2:
             raise ValueError("vocab_size must be at least 2")
         self.cost_model = cost_model
@@ -54,6 +62,7 @@ class SimulatedExecutor:
         self.vocab_size = vocab_size
         self.seed = seed
         self._requests: dict[str, _SimRequest] = {}
+        self.acceptance = acceptance or SimAcceptance(0.0)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         """Advance the clock by the step's predicted time and sample one token per sampler.
@@ -64,6 +73,7 @@ class SimulatedExecutor:
         requests = self._requests
         for request_id in so.finished_request_ids:
             requests.pop(request_id, None)
+            self.acceptance.forget(request_id)
         for request_id in so.preempted_request_ids:
             requests.pop(request_id, None)
         for new in so.new_requests:
@@ -74,15 +84,33 @@ class SimulatedExecutor:
             self.clock.advance(duration)
         sampled: list[Sequence[int]] = []
         append = sampled.append
+        drafts = so.draft_token_ids
         for request_id, samples in zip(so.request_ids, so.sample, strict=True):
             if not samples:
                 append(_NO_TOKENS)
                 continue
             state = requests[request_id]
+            if drafts and request_id in drafts:
+                append(self._verify(state, request_id, so.step_id, len(drafts[request_id])))
+                continue
             eos_at = state.eos_at
             append(state.eos if eos_at is not None and state.num_output >= eos_at else state.token)
             state.num_output += 1
         return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
+
+    def _verify(self, state: _SimRequest, request_id: str, step_id: int, k: int) -> list[int]:
+        """The accepted drafts and one more token, up to and including EOS."""
+        n = self.acceptance.accepted(request_id, step_id, k) + 1
+        out: list[int] = []
+        for _ in range(n):
+            eos_at = state.eos_at
+            if eos_at is not None and state.num_output >= eos_at:
+                out.extend(state.eos)
+                state.num_output += 1
+                break
+            out.extend(state.token)
+            state.num_output += 1
+        return out
 
     def _new_state(self, new: NewRequest) -> _SimRequest:
         """At or past the true length (min_tokens can hold EOS back) a request keeps answering

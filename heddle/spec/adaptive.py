@@ -11,7 +11,7 @@ from three estimates, in the manner of SmartSpec (Liu et al. 2024, arXiv:2406.14
   request, and shrunk towards the rate of all requests until the request has its own history;
 - what a step costs as a function of the tokens it computes (`StepCostTable`): learnt online
   from the durations of the steps the engine ran (measured on the real engine, predicted by
-  the cost model in the simulator), per power-of-two bucket of tokens, interpolated;
+  the cost model in the simulator), per quarter-octave bucket of tokens, interpolated;
 - the step's batch: the tokens the other rows already compute.
 
 The j-th draft token of a request is accepted with probability a^j, so it is worth a^j tokens
@@ -87,12 +87,16 @@ class AcceptanceTracker:
 
 
 class StepCostTable:
-    """Step duration as a function of the tokens computed: a decayed mean per power-of-two
-    bucket of tokens, interpolated linearly in tokens between the buckets seen.
+    """Step duration as a function of the tokens computed: a decayed mean per bucket of tokens
+    (four per doubling: a step with a few drafts is not in the bucket of the same step without
+    them), interpolated linearly in tokens between the buckets seen.
 
-    Beyond the largest bucket seen, cost grows in proportion to tokens (the pessimistic
-    extrapolation: a step size never run is assumed compute-bound, so speculation is not
-    tried there on a guess). Before any step, every cost is unknown (`known` is False).
+    Beyond the largest bucket seen, cost grows in proportion to tokens (a step size never run
+    is assumed compute-bound, so drafts are not added there on a guess); below the smallest,
+    it is the smallest's. Drafts are only weighed against a step whose own size has been seen
+    (`has`): steps with drafts teach the table only their own size, so when the size without
+    drafts is unknown (or forgotten), that step runs without them and is learnt. Before any
+    step, every cost is unknown (`known` is False).
     """
 
     def __init__(self, decay: float = 0.9) -> None:
@@ -106,10 +110,14 @@ class StepCostTable:
     def known(self) -> bool:
         return bool(self._sum)
 
+    def has(self, num_tokens: int) -> bool:
+        """Whether a step of about `num_tokens` tokens (its bucket) was seen."""
+        return _bucket(max(1, num_tokens)) in self._sum
+
     def observe(self, num_tokens: int, duration: float) -> None:
         if num_tokens <= 0 or not duration > 0 or not math.isfinite(duration):
             return
-        bucket = num_tokens.bit_length()
+        bucket = _bucket(num_tokens)
         d = self.decay
         self._sum[bucket] = self._sum.get(bucket, 0.0) * d + duration
         self._count[bucket] = self._count.get(bucket, 0.0) * d + 1.0
@@ -146,6 +154,10 @@ class StepCostTable:
         return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
 
 
+def _bucket(num_tokens: int) -> int:
+    return int(4.0 * math.log2(num_tokens))
+
+
 @dataclass(slots=True)
 class DraftCandidate:
     """A request that decodes this step and has draft tokens on offer."""
@@ -166,8 +178,9 @@ def choose_draft_counts(
     """Draft tokens per request for a step that already computes `base_tokens` tokens worth
     `base_value` (its sampled tokens, weighted). Greedy by value a^j * weight while the
     expected value per second of the step rises; at most `token_budget` drafts in all.
-    Returns only the requests that get drafts."""
-    if not candidates or token_budget <= 0 or not cost.known:
+    Returns only the requests that get drafts; none when no step of the base size was seen
+    (it runs without drafts, and so is learnt)."""
+    if not candidates or token_budget <= 0 or not cost.has(base_tokens):
         return {}
     heap: list[tuple[float, int, int]] = []  # (-value of the next draft, index, its j)
     for index, c in enumerate(candidates):

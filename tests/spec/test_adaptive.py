@@ -51,13 +51,14 @@ def test_cost_table_interpolates_and_extrapolates_pessimistically():
     table = StepCostTable(decay=1.0)
     assert not table.known and math.isnan(table.cost(4))
     table.observe(10, 1.0)
-    table.observe(12, 1.2)  # the same bucket (8..15): means 11 tokens, 1.1 s
+    table.observe(11, 1.2)  # the same bucket (four per doubling): means 10.5 tokens, 1.1 s
     table.observe(40, 2.0)
     table.observe(40, 0.5)  # a noisy fast step: the mean, 1.25, still >= the smaller bucket
-    assert table.cost(11) == pytest.approx(1.1)
+    assert table.cost(10.5) == pytest.approx(1.1)
     assert table.cost(1) == pytest.approx(1.1)  # below what was seen: the smallest bucket
-    assert table.cost(25.5) == pytest.approx(1.1 + 0.15 * (25.5 - 11) / 29)
+    assert table.cost(25.5) == pytest.approx(1.1 + 0.15 * 15 / 29.5)
     assert table.cost(80) == pytest.approx(1.25 * 2)  # beyond: in proportion to tokens
+    assert table.has(10) and not table.has(12) and not table.has(80)
 
 
 def test_memory_bound_step_speculates_fully_and_compute_bound_step_not_at_all():
@@ -74,6 +75,9 @@ def test_memory_bound_step_speculates_fully_and_compute_bound_step_not_at_all():
     short = [DraftCandidate("s", rate=0.9, max_drafts=2)]
     assert choose_draft_counts(short, 1, 1.0, table, 10) == {"s": 2}
     assert choose_draft_counts(short, 1, 1.0, StepCostTable(), 10) == {}  # no costs yet
+    unseen = StepCostTable()
+    unseen.observe(40, 1.0)  # only steps of 32..63 tokens seen: a 4-token step is not weighed
+    assert choose_draft_counts(candidates, 4, 4.0, unseen, 1000) == {}
 
 
 def test_the_likely_drafts_go_first_and_weights_favour_slo_requests():

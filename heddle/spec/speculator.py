@@ -1,0 +1,134 @@
+"""The scheduler's side of speculative decoding: which decoding requests get draft tokens this
+step, how many, and which tokens.
+
+A speculative token is one more token a request is given in a step (no phases): a request
+that decodes is granted 1 + k tokens, its last known token and k drafts, out of the same token
+budget as every other request's prefill and decode tokens, and its KV slots are allocated for
+all of them. The executor verifies the drafts in the same forward pass and returns the accepted
+ones plus one token of its own; the scheduler then counts as computed only the accepted ones
+(the rejected drafts' KV is overwritten as the request grows; see Scheduler.update).
+
+Per step (`plan`): the candidates are the running requests with exactly one token to compute,
+in the policy's order, that may speculate (not seeded, no logprobs, tokens left before
+max_tokens). Each is offered a proposal of up to `num_draft_tokens` drafts (prompt lookup on its
+known tokens, or the simulator's stand-in), and `choose_draft_counts` keeps those that pay:
+with `adaptive`, per request from its acceptance history and the step's cost (the TPOT
+objective of an SLO request doubles its tokens' worth); without, all of them (fixed K, the
+upstream behaviour). Drafts only use budget left after the running requests' known tokens and
+the waiting requests' prompts: speculation never delays a prefill.
+
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from heddle.spec.adaptive import (
+    AcceptanceTracker,
+    DraftCandidate,
+    StepCostTable,
+    choose_draft_counts,
+)
+from heddle.spec.ngram import NgramProposer
+
+if TYPE_CHECKING:
+    from heddle.config import SpeculativeConfig
+    from heddle.request import Request
+
+
+class Proposer(Protocol):
+    def propose(self, request_id: str, token_ids: Sequence[int], k: int) -> list[int]: ...
+
+    def forget(self, request_ids: Iterable[str]) -> None: ...
+
+
+class RepeatProposer:
+    """The simulator's proposer: k copies of the request's last token. A simulated request
+    emits one token id over and over, so these are the tokens it would accept; how many it
+    does is the simulated executor's draw at the workload's acceptance rate."""
+
+    def propose(self, request_id: str, token_ids: Sequence[int], k: int) -> list[int]:
+        return [token_ids[-1]] * k if k > 0 and token_ids else []
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        pass
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None) -> None:
+        self.config = config
+        if proposer is None:
+            if config.method == "ngram":
+                proposer = NgramProposer(config.ngram_min, config.ngram_max)
+            elif config.method == "sim":
+                proposer = RepeatProposer()
+            else:
+                raise ValueError(f"no proposer for speculation method {config.method!r}")
+        self.proposer = proposer
+        self.acceptance = AcceptanceTracker()
+        self.costs = StepCostTable()
+        self.num_steps_with_drafts = 0
+
+    def plan(
+        self, candidates: Sequence[Request], base_tokens: int, token_budget: int
+    ) -> dict[str, list[int]]:
+        """Draft tokens per request id for this step (only the requests that get some).
+
+        `candidates`: running requests with one token to compute, most urgent first;
+        `base_tokens`: the tokens the step computes without drafts; `token_budget`: the most
+        draft tokens it may add."""
+        if token_budget <= 0:
+            return {}
+        k_max = self.config.num_draft_tokens
+        proposals: dict[str, list[int]] = {}
+        offers: list[DraftCandidate] = []
+        for request in candidates:
+            params = request.sampling_params
+            if params.seed is not None or params.logprobs is not None:
+                continue
+            room = min(k_max, request.max_num_tokens - len(request.all_token_ids) - 1)
+            if room <= 0:
+                continue
+            drafts = self.proposer.propose(request.request_id, request.all_token_ids, room)
+            if not drafts:
+                continue
+            proposals[request.request_id] = drafts
+            weight = 2.0 if request.tpot_slo is not None else 1.0
+            offers.append(
+                DraftCandidate(
+                    request.request_id,
+                    self.acceptance.rate(request.request_id),
+                    len(drafts),
+                    weight,
+                )
+            )
+        if not offers:
+            return {}
+        if self.config.adaptive:
+            counts = choose_draft_counts(
+                offers, base_tokens, float(base_tokens), self.costs, token_budget
+            )
+        else:
+            counts = {c.request_id: c.max_drafts for c in offers}
+        out: dict[str, list[int]] = {}
+        for offer in offers:
+            k = min(counts.get(offer.request_id, 0), token_budget)
+            if k > 0:
+                out[offer.request_id] = proposals[offer.request_id][:k]
+                token_budget -= k
+        if out:
+            self.num_steps_with_drafts += 1
+        return out
+
+    def observe(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        self.acceptance.observe(request_id, num_drafts, num_accepted)
+
+    def observe_step(self, num_tokens: int, duration: float) -> None:
+        self.costs.observe(num_tokens, duration)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        ids = list(request_ids)
+        self.proposer.forget(ids)
+        self.acceptance.forget(ids)

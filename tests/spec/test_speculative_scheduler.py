@@ -1,0 +1,125 @@
+"""Speculative tokens in the scheduler's token budget: drafts granted, verified, rolled back."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.clock import VirtualClock
+from heddle.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
+from heddle.core.kv_cache import KVCacheManager
+from heddle.core.outputs import ExecutorOutput
+from heddle.core.scheduler import Scheduler
+from heddle.engine.engine import Engine
+from heddle.request import FinishReason, Request, SamplingParams
+from heddle.sim import ConstantCostModel, SimulatedExecutor
+from heddle.spec.sim import SimAcceptance
+
+NGRAM = SpeculativeConfig(method="ngram", num_draft_tokens=4, adaptive=False)
+
+
+def scheduler(spec: SpeculativeConfig = NGRAM, budget: int = 64, blocks: int = 32) -> Scheduler:
+    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, speculation=spec)
+    return Scheduler(config, KVCacheManager(blocks, 4, True), VirtualClock())
+
+
+def request(request_id: str, prompt: list[int], max_tokens: int = 32, **params) -> Request:
+    fields = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, **params}
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        sampling_params=SamplingParams(**fields),
+        arrival_time=0.0,
+        eos_token_id=2,
+    )
+
+
+def step(s: Scheduler, answer):
+    """One step; `answer(request_id, drafts)` gives the tokens each sampling row returns."""
+    so = s.schedule()
+    sampled = []
+    for rid, sample in zip(so.request_ids, so.sample, strict=True):
+        sampled.append(answer(rid, so.draft_token_ids.get(rid, [])) if sample else [])
+    s.update(so, ExecutorOutput(sampled, 0.01))
+    s.check_integrity()
+    return so
+
+
+def test_drafts_ride_in_the_budget_and_rejected_ones_are_rolled_back():
+    s = scheduler()
+    r = request("a", [5, 6, 7, 8, 5, 6, 7, 8, 5, 6])
+    s.add_request(r)
+    so = step(s, lambda rid, d: [7])  # the prefill samples 7: ... 5 6 7
+    assert so.draft_token_ids == {}
+    # Prompt lookup: "6 7" was followed by "8 5 6 7"; four drafts after the known token.
+    so = step(s, lambda rid, d: d[:2] + [9])  # two accepted, the third replaced by 9
+    assert so.draft_token_ids == {"a": [8, 5, 6, 7]}
+    assert so.num_new_tokens == [5] and so.sample == [True] and so.num_scheduled_tokens == 5
+    assert r.output_token_ids == [7, 8, 5, 9]
+    # The known token and the two accepted drafts are computed; 9 is known, not computed.
+    assert r.num_computed_tokens == len(r.all_token_ids) - 1 == 13
+    assert r.num_slots >= 15  # the slots of the rejected drafts stay with the request
+    # Nothing to look up after "5 9": a plain decode row.
+    so = step(s, lambda rid, d: [11])
+    assert so.draft_token_ids == {} and so.num_new_tokens == [1]
+
+
+def test_a_stop_inside_an_accepted_run_ends_the_request_there():
+    s = scheduler()
+    r = request("a", [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], max_tokens=3)
+    s.add_request(r)
+    step(s, lambda rid, d: [7])
+    so = step(s, lambda rid, d: d + [1])
+    # max_tokens=3: at most two more tokens, so at most one draft was offered.
+    assert so.draft_token_ids == {"a": [8]}
+    assert r.output_token_ids == [7, 8, 1] and r.finish_reason is FinishReason.LENGTH
+    assert s.kv_cache.num_free_blocks == s.kv_cache.num_blocks
+
+
+def test_seeded_and_logprob_requests_do_not_speculate():
+    s = scheduler()
+    s.add_request(request("seeded", [5, 6, 5, 6, 5, 6], seed=1, temperature=0.5))
+    s.add_request(request("logprobs", [5, 6, 5, 6, 5, 6], logprobs=1))
+    step(s, lambda rid, d: [5])
+    so = step(s, lambda rid, d: [6])
+    assert so.draft_token_ids == {} and so.num_new_tokens == [1, 1]
+
+
+def test_drafts_never_take_budget_a_waiting_prompt_needs():
+    s = scheduler(budget=12)
+    s.add_request(request("a", [5, 6, 7, 5, 6, 7, 5, 6]))
+    step(s, lambda rid, d: [7])
+    s.add_request(request("b", list(range(100, 111))))  # an 11-token prompt waits
+    so = step(s, lambda rid, d: d + [5] if d else [5])
+    # 1 decode token + 11 prompt tokens fill the budget: no drafts this step.
+    assert so.draft_token_ids == {} and so.num_scheduled_tokens == 12
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_simulated_speculation_keeps_lengths_and_frees_every_block(adaptive):
+    clock = VirtualClock()
+    spec = SpeculativeConfig(method="sim", num_draft_tokens=3, adaptive=adaptive)
+    config = EngineConfig(
+        cache=CacheConfig(block_size=4, num_blocks=256),
+        scheduler=SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, speculation=spec),
+    )
+    executor = SimulatedExecutor(ConstantCostModel(0.01), clock, vocab_size=500,
+                                 acceptance=SimAcceptance(0.7, 0.2))
+    engine = Engine(config, executor, num_blocks=256, clock=clock, eos_token_id=1,
+                    vocab_size=500)
+    lengths = {f"r{i}": 5 + 7 * i for i in range(12)}
+    for rid, n in lengths.items():
+        engine.add_request(rid, list(range(10, 30)), SamplingParams(max_tokens=200),
+                           true_output_len=n)
+    done = {}
+    steps = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = len(out.outputs[0].token_ids)
+        engine.scheduler.check_integrity()
+        steps += 1
+    assert done == lengths
+    speculator = engine.scheduler.speculator
+    assert speculator is not None and speculator.acceptance.num_accepted > 0
+    assert steps < sum(lengths.values()) // 8 + 40  # several tokens per request-step
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
