@@ -150,7 +150,7 @@ def real_prompts(tokenizer: Any, workload: str, num: int) -> list[list[int]]:
         else:
             text = CHAT[i % len(CHAT)] + f" (question {i})"
         messages = [{"role": "user", "content": text}]
-        out.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        out.append(tokenizer.encode(tokenizer.apply_chat_template(messages)))
     return out
 
 
@@ -158,7 +158,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     from heddle.model.executor import ModelExecutor
 
     model_config = EngineConfig().model
-    cache = CacheConfig(block_size=16, num_blocks=4096)
+    cache = CacheConfig(block_size=16, num_blocks=1280)
     executor = ModelExecutor(model_config, cache)
     tokenizer = executor.tokenizer
     assert tokenizer is not None
@@ -225,7 +225,7 @@ def main() -> None:
     parser.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
-    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=256, help="sim only")
     parser.add_argument("--workload", choices=["repetitive", "chat"], default="repetitive")
