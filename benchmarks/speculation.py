@@ -34,6 +34,7 @@ from heddle.config import CacheConfig, EngineConfig, SchedulerConfig, Speculativ
 from heddle.engine.engine import Engine
 from heddle.request import SamplingParams
 
+
 def speculation_configs(method: str, k: int) -> dict[str, SpeculativeConfig]:
     return {
         "off": SpeculativeConfig(method="off"),

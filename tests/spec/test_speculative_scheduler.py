@@ -51,7 +51,7 @@ def test_drafts_ride_in_the_budget_and_rejected_ones_are_rolled_back():
     so = step(s, lambda rid, d: [7])  # the prefill samples 7: ... 5 6 7
     assert so.draft_token_ids == {}
     # Prompt lookup: "6 7" was followed by "8 5 6 7"; four drafts after the known token.
-    so = step(s, lambda rid, d: d[:2] + [9])  # two accepted, the third replaced by 9
+    so = step(s, lambda rid, d: [*d[:2], 9])  # two accepted, the third replaced by 9
     assert so.draft_token_ids == {"a": [8, 5, 6, 7]}
     assert so.num_new_tokens == [5] and so.sample == [True] and so.num_scheduled_tokens == 5
     assert r.output_token_ids == [7, 8, 5, 9]
@@ -68,7 +68,7 @@ def test_a_stop_inside_an_accepted_run_ends_the_request_there():
     r = request("a", [5, 6, 7, 8, 5, 6, 7, 8, 5, 6], max_tokens=3)
     s.add_request(r)
     step(s, lambda rid, d: [7])
-    so = step(s, lambda rid, d: d + [1])
+    so = step(s, lambda rid, d: [*d, 1])
     # max_tokens=3: at most two more tokens, so at most one draft was offered.
     assert so.draft_token_ids == {"a": [8]}
     assert r.output_token_ids == [7, 8, 1] and r.finish_reason is FinishReason.LENGTH
@@ -89,7 +89,7 @@ def test_drafts_never_take_budget_a_waiting_prompt_needs():
     s.add_request(request("a", [5, 6, 7, 5, 6, 7, 5, 6]))
     step(s, lambda rid, d: [7])
     s.add_request(request("b", list(range(100, 111))))  # an 11-token prompt waits
-    so = step(s, lambda rid, d: d + [5] if d else [5])
+    so = step(s, lambda rid, d: [*d, 5] if d else [5])
     # 1 decode token + 11 prompt tokens fill the budget: no drafts this step.
     assert so.draft_token_ids == {} and so.num_scheduled_tokens == 12
 
