@@ -9,12 +9,12 @@ ones plus one token of its own; the scheduler then counts as computed only the a
 (the rejected drafts' KV is overwritten as the request grows; see Scheduler.update).
 
 Per step (`plan`): the candidates are the running requests with exactly one token to compute,
-in the policy's order, that may speculate (not seeded, no logprobs, tokens left before
-max_tokens). Each is offered a proposal of up to `num_draft_tokens` drafts (prompt lookup on its
-known tokens, or the simulator's stand-in), and `choose_draft_counts` keeps those that pay:
-with `adaptive`, per request from its acceptance history and the step's cost (the TPOT
-objective of an SLO request doubles its tokens' worth); without, all of them (fixed K, the
-upstream behaviour). Drafts only use budget left after the running requests' known tokens and
+in the policy's order, that may speculate (not seeded, no logprobs, past min_tokens, tokens
+left before max_tokens). Each is offered a proposal of up to `num_draft_tokens` drafts (prompt
+lookup on its known tokens, or the simulator's stand-in), and `choose_draft_counts` keeps
+those that pay: with `adaptive`, per request from its acceptance history and the step's cost
+(the TPOT objective of an SLO request doubles its tokens' worth); without, all of them (fixed
+K, the upstream behaviour). Drafts only use budget left after the running requests' known tokens and
 the waiting requests' prompts: speculation never delays a prefill.
 
 Pure Python, no torch.
@@ -88,6 +88,8 @@ class Speculator:
             params = request.sampling_params
             if params.seed is not None or params.logprobs is not None:
                 continue
+            if request.num_output_tokens < params.min_tokens:
+                continue  # the sampler holds EOS back there; verification does not
             room = min(k_max, request.max_num_tokens - len(request.all_token_ids) - 1)
             if room <= 0:
                 continue

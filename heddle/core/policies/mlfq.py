@@ -8,6 +8,11 @@ A waiting request may preempt a running one of a strictly lower level (option `p
 Starvation prevention: a request not served for `starvation_seconds` is promoted to level 0
 with a fresh quantum.
 
+Phase-aware (option `phase_aware`, for reasoning models): the thinking phase is demoted like
+any long output, but when a request starts its answer (`Request.reasoning` leaves THINKING) it
+is promoted to level 0 with a fresh quantum, once: the answer the client waits for is not
+stuck behind everyone's long thinking, while a long thinking phase keeps sinking.
+
 Preemption here is by recompute (FastServe swaps KV to host memory instead), so each eviction
 throws away the victim's whole context once its cached blocks are reused. Under sustained
 overload with a small token budget or KV cache, newcomers keep evicting the same demoted
@@ -34,6 +39,7 @@ class _Place:
     level: int
     level_start_output: int  # output tokens the request had when it entered this level
     last_served: float
+    answering: bool = False  # phase_aware: promoted for its answer already
 
 
 @register
@@ -50,6 +56,7 @@ class MLFQPolicy(Policy):
         starvation_seconds: float = 10.0,
         preempt: bool = True,
         max_preemptions: int | None = None,
+        phase_aware: bool = False,
     ) -> None:
         super().__init__()
         if num_levels < 1 or quantum < 1 or prompt_quantum < 1:
@@ -64,6 +71,7 @@ class MLFQPolicy(Policy):
         self.starvation_seconds = float(starvation_seconds)
         self.preempt = preempt
         self.max_preemptions = max_preemptions
+        self.phase_aware = phase_aware
         self._places: dict[str, _Place] = {}
 
     def entry_level(self, request: Request) -> int:
@@ -80,6 +88,12 @@ class MLFQPolicy(Policy):
                 self.entry_level(request), request.num_output_tokens, request.arrival_time
             )
             self._places[request.request_id] = place
+        if self.phase_aware and not place.answering:
+            state = request.reasoning
+            if state is not None and state.num_blocks and not state.is_thinking:
+                place.answering = True
+                place.level = 0
+                place.level_start_output = request.num_output_tokens
         while place.level < self.num_levels - 1:
             used = request.num_output_tokens - place.level_start_output
             allowance = self.quantum << place.level

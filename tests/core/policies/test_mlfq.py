@@ -34,6 +34,25 @@ def test_quantum_doubles_per_level():
     assert levels == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
 
 
+def test_phase_aware_promotes_a_request_once_when_its_answer_starts():
+    from heddle.reasoning import Phase, ReasoningState
+
+    levels = {}
+    for aware in (False, True):
+        policy = make_policy("mlfq", num_levels=3, quantum=2, phase_aware=aware)
+        request = create_request("r", max_tokens=100)
+        request.reasoning = ReasoningState(phase=Phase.THINKING, true_thinking_len=8)
+        seen = []
+        for _ in range(12):
+            seen.append(policy.level_of(request, 0.0))
+            request.append_output_token(7)
+            request.reasoning.observe(7)
+        levels[aware] = seen
+    # Thinking sinks as any long output; the answer (from token 8 on) starts at the top again.
+    assert levels[False] == [0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert levels[True] == [0, 0, 1, 1, 1, 1, 2, 2, 0, 0, 1, 1]
+
+
 def test_a_demoted_long_generation_is_overtaken_by_a_new_short_request():
     sched = create_scheduler(policy="mlfq", max_num_seqs=1, quantum=2)
     long = create_request("long", prompt_len=4, max_tokens=20)
