@@ -2,8 +2,9 @@
 
 Workload: thinking-mix (heddle/workloads/thinking.py: 60% chat without thinking, 25% short
 problems thinking ~1.1K tokens, 15% competition math thinking ~12K tokens; lengths sourced
-there), Poisson arrivals at `--load` times the capacity. Capacity is measured first: the
-requests per second fcfs completes when all of them arrive at once. Policies: fcfs, mlfq,
+there), Poisson arrivals at `--load` times the capacity. Capacity is measured first: fcfs
+under arrivals far above it (20 requests/s), its output tokens per second while the queue is
+full (between 20% and 80% of the arrival span), divided by the workload's mean output length. Policies: fcfs, mlfq,
 mlfq with `phase_aware` (a request is promoted once when its answer starts),
 sjf with `repredict` (remaining length re-predicted from phase and tokens generated).
 
@@ -78,7 +79,17 @@ def simulate(policy: str, seed: int, num_requests: int, rate: float) -> dict[str
         "tokens_per_second": tokens / result.elapsed,
         "chat_ttft_p50": _quantile(chat_ttft, 0.5), "chat_ttft_p99": _quantile(chat_ttft, 0.99),
         "answer_ttft_p99": _quantile(answer_ttft, 0.99), "finished": len(result.records),
+        "mean_output_len": statistics.mean(r.output_len for r in workload.requests),
+        "saturated_tokens_per_second": _window_rate(result.records, workload.requests),
     }
+
+
+def _window_rate(records: list[Any], requests: list[Any]) -> float:
+    """Output tokens per second between 20% and 80% of the arrival span."""
+    span = max(r.arrival_time for r in requests)
+    lo, hi = 0.2 * span, 0.8 * span
+    count = sum(1 for record in records for t in record.token_times if lo <= t < hi)
+    return count / (hi - lo) if hi > lo else math.nan
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -97,8 +108,8 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for seed in seeds:
-        capacity_run = simulate("fcfs", seed, args.requests, math.inf)
-        capacity = args.requests / capacity_run["elapsed"]
+        probe = simulate("fcfs", seed, args.requests, 20.0)
+        capacity = probe["saturated_tokens_per_second"] / probe["mean_output_len"]
         rate = args.load * capacity
         print(f"seed {seed}: capacity {capacity:.2f} req/s, rate {rate:.2f} req/s", flush=True)
         for policy in POLICIES:

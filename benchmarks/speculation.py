@@ -96,7 +96,7 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
 
     model = load_model_spec(args.model)
     cost = RooflineCostModel(model, args.hardware, tp=model.default_tp)
-    budget, block = 8192, 16
+    budget, block = args.budget, 16
     rows: list[dict[str, Any]] = []
     for streams in args.streams:
         seats = max(streams, 1)
@@ -121,7 +121,7 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
             result = closed_loop(engine, prompts, params, streams, clock.now)
             result.pop("outputs")
             rows.append({"streams": streams, "mode": name, **result})
-    return {"mode": "sim", "model": args.model, "hardware": args.hardware,
+    return {"mode": "sim", "model": args.model, "hardware": args.hardware, "budget": budget,
             "acceptance": args.acceptance, "spread": args.spread, "k": args.k, "rows": rows}
 
 
@@ -175,7 +175,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
             for repeat in range(args.repeats):
                 config = EngineConfig(
                     cache=cache,
-                    scheduler=SchedulerConfig(max_num_batched_tokens=2048,
+                    scheduler=SchedulerConfig(max_num_batched_tokens=args.budget,
                                               max_num_seqs=max(streams, 1), speculation=spec),
                 )
                 engine = Engine(config, executor, num_blocks=cache.num_blocks,
@@ -229,6 +229,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=256, help="sim only")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="token budget per step (default: 8192 sim, 512 real)")
     parser.add_argument("--workload", choices=["repetitive", "chat"], default="repetitive")
     parser.add_argument("--repeats", type=int, default=1, help="real only")
     parser.add_argument("--model", default="llama-3.1-8b", help="sim only")
@@ -236,6 +238,8 @@ def main() -> None:
     parser.add_argument("--acceptance", type=float, default=0.75, help="sim only")
     parser.add_argument("--spread", type=float, default=0.2, help="sim only")
     args = parser.parse_args()
+    if args.budget is None:
+        args.budget = 8192 if args.mode == "sim" else 512
     result = run_sim(args) if args.mode == "sim" else run_real(args)
     cpu = platform.processor() or platform.machine()
     print(f"\n{args.mode}: {json.dumps({k: v for k, v in result.items() if k != 'rows'})}; "
