@@ -181,7 +181,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
                 engine = Engine(config, executor, num_blocks=cache.num_blocks,
                                 tokenizer=tokenizer, eos_token_id=executor.eos_token_id,
                                 max_model_len=executor.max_model_len,
-                                vocab_size=executor.arch.vocab_size, record_steps=False)
+                                vocab_size=executor.model_shape.vocab_size, record_steps=False)
                 runs.append(closed_loop(engine, prompts, params, streams, time.perf_counter,
                                         prefix=f"{streams}-{name}-{repeat}-"))
             outputs = runs[0].pop("outputs")

@@ -36,7 +36,7 @@ def engine(executor, speculation: SpeculativeConfig | None) -> LLM:
     return LLM.from_engine(Engine(
         config, executor, num_blocks=NUM_BLOCKS, tokenizer=executor.tokenizer,
         eos_token_id=executor.eos_token_id, max_model_len=executor.max_model_len,
-        vocab_size=executor.arch.vocab_size,
+        vocab_size=executor.model_shape.vocab_size,
     ))
 
 
