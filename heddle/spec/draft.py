@@ -48,10 +48,11 @@ class _DraftState:
 class DraftModelProposer:
     def __init__(self, executor: ModelExecutor, target_vocab_size: int | None = None,
                  seed: int = 0) -> None:
-        if target_vocab_size is not None and executor.model_shape.vocab_size != target_vocab_size:
+        vocab = executor.model_shape.vocab_size
+        if target_vocab_size is not None and vocab != target_vocab_size:
             raise HeddleError(
-                f"the draft model's vocabulary ({executor.model_shape.vocab_size} tokens) differs from "
-                f"the target's ({target_vocab_size}): they must share a tokenizer"
+                f"the draft model's vocabulary ({vocab} tokens) differs from the target's "
+                f"({target_vocab_size}): they must share a tokenizer"
             )
         self.executor = executor
         self.block_size = executor.block_size
