@@ -25,7 +25,13 @@ import typing
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heddle.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    SpeculativeConfig,
+)
 from heddle.errors import HeddleError
 
 if TYPE_CHECKING:
@@ -49,7 +55,11 @@ HELP: Mapping[str, str] = {
     "0: off",
     "block_size": "tokens per KV block",
     "num_blocks": "KV blocks (default: from --kv-cache-memory-gb)",
+    "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): method=ngram, "
+    "num_draft_tokens=4, adaptive=true (see SpeculativeConfig)",
 }
+# Nested config dataclasses given on the command line as repeatable KEY=VALUE items.
+KEY_VALUE_CONFIGS: tuple[type, ...] = (SpeculativeConfig,)
 MODEL_GROUP = "model"
 SCHEDULER_GROUP = "scheduler and KV cache"
 
@@ -135,6 +145,10 @@ def _flag_kwargs(f: dataclasses.Field[Any], tp: Any, default: Any) -> tuple[str,
         return "--" + name.replace("_", "-"), {"action": "store_true"}
     if base is dict or origin is dict:
         return key_value_flag(name), {"action": "append", "metavar": "KEY=VALUE", "default": []}
+    if base in KEY_VALUE_CONFIGS:
+        return "--" + name.replace("_", "-"), {
+            "action": "append", "metavar": "KEY=VALUE", "default": []
+        }
     if origin in (tuple, list) or base in (tuple, list):
         args = [a for a in typing.get_args(base) if a is not Ellipsis]
         item = args[0] if args and args[0] in (int, float, str) else str
@@ -171,7 +185,7 @@ def config_fields(config_cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
     return [
         (f, hints[f.name])
         for f in dataclasses.fields(config_cls)
-        if not dataclasses.is_dataclass(hints[f.name])
+        if not dataclasses.is_dataclass(hints[f.name]) or hints[f.name] in KEY_VALUE_CONFIGS
     ]
 
 
@@ -211,6 +225,14 @@ def config_from_args(config_cls: type, args: argparse.Namespace) -> Any:
         base = _unwrap_optional(tp)
         if base is dict or typing.get_origin(base) is dict:
             value = parse_key_values(value or [], key_value_flag(f.name))
+        elif base in KEY_VALUE_CONFIGS:
+            flag = "--" + f.name.replace("_", "-")
+            items = parse_key_values(value or [], flag) if isinstance(value, list) else None
+            if items is not None:
+                try:
+                    value = base(**items)
+                except TypeError as e:
+                    raise HeddleError(f"{flag}: {e}") from None
         elif value is not None and (typing.get_origin(base) is tuple or base is tuple):
             value = tuple(value)
         elif value is None and _default_of(f) is not None:
