@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from heddle.core.block_hash import BlockHash
 from heddle.errors import InvalidRequestError
 from heddle.metrics.record import RequestRecord
-from heddle.sessions.session import SessionInfo
 from heddle.reasoning.phase import ReasoningState
+from heddle.sessions.session import SessionInfo
 
 
 @dataclass(frozen=True, slots=True)
