@@ -25,6 +25,7 @@ from heddle.cli.flags import parse_key_values, parse_slo
 from heddle.errors import HeddleError
 from heddle.metrics import SLO, summarize
 from heddle.workloads import ARRIVAL_PROCESSES, Workload, get_workload, list_workloads
+from heddle.workloads.arrivals import arrival_arg
 
 
 def api_root(base_url: str) -> str:
@@ -292,7 +293,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load = parser.add_argument_group("load (give a rate, a concurrency, or both)")
     load.add_argument("--request-rate", type=float, default=None, help="open loop: requests/s")
     load.add_argument("--concurrency", type=int, default=None, help="closed loop: in flight")
-    load.add_argument("--arrival", choices=ARRIVAL_PROCESSES, default=None)
+    load.add_argument(
+        "--arrival",
+        type=arrival_arg,
+        default=None,
+        help=f"{', '.join(ARRIVAL_PROCESSES)}; profiles take options: burst:peak=3,calm=0.7",
+    )
     load.add_argument("--cv", type=float, default=None, help="gamma arrivals: burstiness")
     load.add_argument("--num-requests", type=int, default=100)
     load.add_argument("--max-duration", type=float, default=None, help="seconds, then stop")

@@ -27,6 +27,7 @@ SIM_HELP = {
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     from heddle.workloads import ARRIVAL_PROCESSES, list_workloads
+    from heddle.workloads.arrivals import arrival_arg
 
     w = p.add_argument_group("workload")
     w.add_argument(
@@ -40,7 +41,12 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
         help="a parameter of the workload generator, e.g. length_scale=0.5 (repeatable)",
     )
     w.add_argument("--rate", type=float, default=None, help="requests/s (default: all at once)")
-    w.add_argument("--arrival", choices=ARRIVAL_PROCESSES, default=None)
+    w.add_argument(
+        "--arrival",
+        type=arrival_arg,
+        default=None,
+        help=f"{', '.join(ARRIVAL_PROCESSES)}; profiles take options: burst:peak=3,calm=0.7",
+    )
     w.add_argument("--cv", type=float, default=None, help="gamma arrivals: burstiness")
     w.add_argument("--num-requests", type=int, default=1000)
     w.add_argument("--seed", type=int, default=0)
