@@ -65,6 +65,15 @@ class BurstProfile:
     def multiplier(self, t: float) -> float:
         return self.peak if self.phase(t) == "burst" else self.calm
 
+    def spans(self, end: float) -> dict[str, list[tuple[float, float]]]:
+        """{phase: [(start, end), ...]} covering [0, end)."""
+        cuts = [("calm", 0.0)]
+        t = self.start_seconds
+        while t < end:
+            cuts += [("burst", t), ("calm", t + self.peak_seconds)]
+            t += self.peak_seconds + self.calm_seconds
+        return _spans(cuts, end)
+
 
 @dataclass(frozen=True, slots=True)
 class DiurnalProfile:
@@ -87,6 +96,15 @@ class DiurnalProfile:
 
     def phase(self, t: float) -> str:
         return "rising" if (t % self.period) < self.period / 2 else "falling"
+
+    def spans(self, end: float) -> dict[str, list[tuple[float, float]]]:
+        """{phase: [(start, end), ...]} covering [0, end)."""
+        cuts = []
+        t = 0.0
+        while t < end:
+            cuts += [("rising", t), ("falling", t + self.period / 2)]
+            t += self.period
+        return _spans(cuts, end)
 
     def multiplier(self, t: float) -> float:
         swing = (1 - math.cos(2 * math.pi * t / self.period)) / 2  # 0 at t=0, 1 at period/2
@@ -154,6 +172,16 @@ def phase_of(spec: str | None, t: float) -> str:
     if spec is None or not is_profile_spec(spec):
         return "sustained"
     return parse_profile(spec).phase(t)
+
+
+def _spans(cuts: list[tuple[str, float]], end: float) -> dict[str, list[tuple[float, float]]]:
+    """Phases from their start times (ascending), cut at `end`; empty spans dropped."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for (phase, start), (_, stop) in zip(cuts, [*cuts[1:], ("", end)], strict=True):
+        stop = min(stop, end)
+        if stop > start:
+            out.setdefault(phase, []).append((start, stop))
+    return out
 
 
 def _positive(profile: object, *names: str) -> None:

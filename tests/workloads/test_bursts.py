@@ -107,3 +107,15 @@ def test_trace_time_compression_multiplies_the_rate(tmp_path) -> None:
     assert plain[-1].arrival_time == pytest.approx(20.0)
     assert compressed[-1].arrival_time == pytest.approx(20.0 / 3)
     assert [r.prompt_len for r in plain] == [r.prompt_len for r in compressed]
+
+
+def test_phase_spans_cover_the_run() -> None:
+    burst = BurstProfile(peak_seconds=10, calm_seconds=20, start_seconds=5)
+    assert burst.spans(50) == {
+        "calm": [(0.0, 5.0), (15.0, 35.0), (45.0, 50)],
+        "burst": [(5.0, 15.0), (35.0, 45.0)],
+    }
+    assert DiurnalProfile(period=100).spans(120) == {
+        "rising": [(0.0, 50.0), (100.0, 120)],
+        "falling": [(50.0, 100.0)],
+    }
