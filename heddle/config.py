@@ -88,6 +88,9 @@ class SchedulerConfig:
     policy: str = "fcfs"
     policy_options: dict[str, object] = field(default_factory=dict)
     max_waiting: int | None = None  # bound on the waiting queue; None: unbounded
+    # Refuse at arrival what cannot be served in time (heddle/core/admission.py): off|slo|queue.
+    admission: str = "off"
+    admission_options: dict[str, object] = field(default_factory=dict)
     # Longest prefill chunk one request may take in a step; None: the whole budget.
     long_prefill_token_threshold: int | None = None
     # What happens to a paused agent session's KV (heddle/sessions/retention.py): lru (not
@@ -112,6 +115,8 @@ class SchedulerConfig:
             raise HeddleError("long_prefill_token_threshold must be positive")
         if not self.max_park_seconds > 0:
             raise HeddleError("max_park_seconds must be positive")
+        if self.admission not in ("off", "slo", "queue"):
+            raise HeddleError(f"unknown admission {self.admission!r}: use off, slo or queue")
 
 
 @dataclass(frozen=True, slots=True)

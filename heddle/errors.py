@@ -24,4 +24,18 @@ class InvalidRequestError(HeddleError):
 
 
 class QueueFullError(HeddleError):
-    """The waiting queue is at its bound; the caller should retry later (HTTP 429)."""
+    """The waiting queue is at its bound, or admission control refused the request as one that
+    cannot be served in time; the caller should retry later (HTTP 429 with Retry-After)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        reason: str = "queue_full",
+        request_class: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds; None: no estimate
+        self.reason = reason
+        self.request_class = request_class

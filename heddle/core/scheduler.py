@@ -27,6 +27,7 @@ from heddle.clock import Clock
 from heddle.config import SchedulerConfig
 from heddle.core.accounting import Accounting, StallReason
 from heddle.core.events import DecisionLog, Queue
+from heddle.core.admission import Admission, SchedulerState, make_admission
 from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
@@ -64,6 +65,7 @@ class Scheduler:
         policy: Policy | None = None,
         *,
         timeline: TokenTimeline | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.kv_cache = kv_cache
@@ -75,6 +77,7 @@ class Scheduler:
             make_retention(config.retention, **config.retention_options),
             max_park_seconds=config.max_park_seconds,
         )
+        self.admission = admission or make_admission(config.admission, **config.admission_options)
         self.requests: dict[str, Request] = {}
         # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
         self._static_waiting = not self.policy.waiting_order_changes
@@ -89,6 +92,8 @@ class Scheduler:
         )
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_finished = 0  # requests that left (any reason), for admission's service rate
+        self._num_finished_observed = 0
         self.num_preempted_waiting = 0  # of the waiting requests, those preempted
         # Why ready requests were left out of steps, preemptions, evictions, recomputes
         # (heddle/core/events.py; None: off). Its stall intervals follow the accounting's.
@@ -127,7 +132,8 @@ class Scheduler:
         """Queue requests (the n sequences of one client request): all of them, or none.
 
         Raises InvalidRequestError (a duplicate id, a prompt the KV cache cannot hold) or
-        QueueFullError (the waiting queue bound: the one place it is checked).
+        QueueFullError (the waiting queue bound: the one place it is checked; or admission
+        control's refusal, asked once for the group, of its first request).
         """
         kv = self.kv_cache
         ids = set()
@@ -145,8 +151,11 @@ class Scheduler:
         if bound is not None and len(self.waiting) + len(requests) > bound:
             raise QueueFullError(
                 f"the waiting queue is full ({len(self.waiting)} of {bound} places taken, "
-                f"{len(requests)} needed); retry later"
+                f"{len(requests)} needed); retry later",
+                request_class=requests[0].request_class if requests else None,
             )
+        if requests:
+            self._check_admission(requests[0])
         for offset, request in enumerate(requests):
             request.seq = self._next_seq + offset
         # Order keys first: a policy that cannot rank a request (oracle without a true
@@ -161,6 +170,25 @@ class Scheduler:
             self.requests[request.request_id] = request
             self.waiting.add(request, None if keys is None else keys[index])
             self.accounting.join(request)
+
+    def _check_admission(self, request: Request) -> None:
+        state = SchedulerState(
+            now=self.clock.now(),
+            waiting=self.waiting,
+            running=self.running,
+            policy=self.policy,
+            max_num_seqs=self.config.max_num_seqs,
+            token_budget=self.config.max_num_batched_tokens,
+        )
+        refusal = self.admission.check(request, state)
+        if refusal is not None:
+            self.policy.on_finished(request)  # drop whatever the policy learned of it
+            raise QueueFullError(
+                refusal.message,
+                retry_after=refusal.retry_after,
+                reason=refusal.reason,
+                request_class=request.request_class,
+            )
 
     def finish_request(
         self, request_id: str, reason: FinishReason, stop_reason: int | str | None = None
@@ -187,6 +215,7 @@ class Scheduler:
         self.finished_in_step.append(request)
         if self.speculator is not None:
             self.speculator.forget((request_id,))
+        self.num_finished += 1
         self.policy.on_finished(request)
         if self.events is not None:
             self.events.finished(request)
@@ -654,6 +683,13 @@ class Scheduler:
             if collect_updated:
                 updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
+        self.admission.observe_step(
+            now,
+            executor_output.step_duration,
+            scheduler_output,
+            self.num_finished - self._num_finished_observed,
+        )
+        self._num_finished_observed = self.num_finished
         return updated
 
     def _append_reasoning(

@@ -408,7 +408,12 @@ class CoreClient:
             if rejected.kind == "invalid":
                 error = InvalidRequestError(rejected.message, rejected.param)
             elif rejected.kind == "queue_full":
-                error = QueueFullError(rejected.message)
+                error = QueueFullError(
+                    rejected.message,
+                    retry_after=rejected.retry_after,
+                    reason=rejected.reason or "queue_full",
+                    request_class=rejected.request_class,
+                )
             else:
                 error = RuntimeError(rejected.message)
             future.set_exception(error)

@@ -159,7 +159,16 @@ class EngineCore:
             batch.rejected.append(Rejected(command.request_id, "invalid", str(e), e.param))
             return
         except QueueFullError as e:
-            batch.rejected.append(Rejected(command.request_id, "queue_full", str(e)))
+            batch.rejected.append(
+                Rejected(
+                    command.request_id,
+                    "queue_full",
+                    str(e),
+                    retry_after=e.retry_after,
+                    reason=e.reason,
+                    request_class=e.request_class,
+                )
+            )
             return
         except Exception as e:  # a bug, not the client's fault: say so, keep serving
             logger.exception("adding request %s failed", command.request_id)

@@ -87,6 +87,10 @@ class Rejected(msgspec.Struct, array_like=True, gc=False):
     kind: str  # "invalid" | "queue_full" | "other"
     message: str
     param: str | None = None
+    # queue_full: seconds after which a retry may be admitted, why, and the request's class.
+    retry_after: float | None = None
+    reason: str | None = None
+    request_class: str | None = None
 
 
 class Stats(msgspec.Struct, array_like=True, gc=False):

@@ -7,6 +7,7 @@ Every error a client can cause becomes `{"error": {"message", "type", "param", "
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,8 +35,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        refused: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.refused = refused  # (request class, reason) of a request refused at arrival
         self.status_code = status_code
         self.message = message
         self.type = type
@@ -61,12 +64,15 @@ def from_engine_error(error: Exception) -> APIError:
     if isinstance(error, APIError):
         return error
     if isinstance(error, QueueFullError):
+        # Retry-After is whole seconds (RFC 9110); admission control's estimate, rounded up.
+        retry = 1 if error.retry_after is None else max(1, math.ceil(error.retry_after))
         return APIError(
             429,
             str(error),
             type="rate_limit_error",
             code="rate_limit_exceeded",
-            headers={"Retry-After": "1"},
+            headers={"Retry-After": str(retry)},
+            refused=(error.request_class or "unknown", error.reason),
         )
     if isinstance(error, InvalidRequestError):
         code = "context_length_exceeded" if "context" in str(error) else None
@@ -120,6 +126,8 @@ def _respond(request: Request, error: APIError) -> JSONResponse:
     state = getattr(request.app.state, "heddle", None)
     if state is not None:
         state.metrics.http_errors.labels(str(error.status_code)).inc()
+        if error.refused is not None:
+            state.metrics.refused.labels(*error.refused).inc()
     return error.response()
 
 

@@ -128,6 +128,13 @@ class ServerMetrics:
             ["status"],
             registry=r,
         )
+        self.refused = Counter(
+            "heddle_requests_refused",
+            "Requests refused at arrival with HTTP 429 (a full queue, or admission control's "
+            "prediction that they would miss their TTFT target), by class and reason.",
+            ["request_class", "reason"],
+            registry=r,
+        )
         engine.add_listener(self.observe)
         # A replicated engine (heddle.cluster) adds gauges per replica, labelled `replica`.
         for collector in getattr(engine, "metric_collectors", list)():

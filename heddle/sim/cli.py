@@ -7,6 +7,7 @@ flags from the config dataclasses (heddle/cli/flags.py), with the simulator's GP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -87,10 +88,14 @@ def simulate_once(
         cv=args.cv,
         **parse_key_values(args.workload_option, "--workload-option"),
     )
+    scheduler = config_from_args(SchedulerConfig, args)
+    slo = parse_slo(args.slo)
+    if scheduler.admission == "slo" and slo is not None and slo.ttft is not None:
+        # Requests without a TTFT target of their own are held to the report's.
+        options = {"ttft_slo": slo.ttft, **scheduler.admission_options}
+        scheduler = dataclasses.replace(scheduler, admission_options=options)
     config = EngineConfig(
-        cache=config_from_args(CacheConfig, args),
-        scheduler=config_from_args(SchedulerConfig, args),
-        seed=args.seed,
+        cache=config_from_args(CacheConfig, args), scheduler=scheduler, seed=args.seed
     )
     engine = build_sim_engine(
         config,
@@ -148,6 +153,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     if result.rejected:
         print(f"rejected, e.g. {result.rejected[0][0]}: {result.rejected[0][1]}")
+    _print_overload(args, result)
     _warn_outside_profile(result)
     if result.programs:
         from heddle.metrics.programs import format_program_summary, summarize_programs
@@ -159,6 +165,30 @@ def run_simulate(args: argparse.Namespace) -> int:
         view = recorder.save(Path(args.output_dir) / f"{args.label}.view.json.gz", result.records)
         print(f"wrote {view}: open it with `heddle view {Path(args.output_dir) / args.label}.json`")
     return 0
+
+
+def _print_overload(args: argparse.Namespace, result: Any) -> None:
+    """What the preemption guard refused and what admission control shed, per class."""
+    if result.engine is None:
+        return
+    scheduler = result.engine.scheduler
+    guard = scheduler.preemption_guard.report()
+    refused = ", ".join(f"{k} {v}" for k, v in guard["refused"].items())
+    lost, computed = guard["lost_tokens"], guard["computed_tokens"]
+    print(
+        f"preemption guard (max recompute ratio {args.max_recompute_ratio}): refused "
+        f"{refused}; {lost} tokens thrown away by preemption, "
+        f"{lost / max(1, computed):.3f} per computed"
+    )
+    if args.admission == "off":
+        return
+    for cls, stats in scheduler.admission.report().items():
+        reasons = ", ".join(f"{k} {v}" for k, v in stats["refused_by_reason"].items())
+        print(
+            f"admission {args.admission}, class {cls}: {stats['offered']} offered, "
+            f"{stats['refused']} refused ({100 * stats['refused_share']:.1f}%"
+            f"{'; ' + reasons if reasons else ''})"
+        )
 
 
 def _warn_outside_profile(result: Any) -> None:

@@ -1,0 +1,290 @@
+"""Admission control: refuse at arrival what cannot be served in time, instead of queueing it.
+
+Under sustained overload every queue grows without bound: each request admitted beyond what the
+engine can serve waits longer than the last, misses its SLO, and still takes the seat and the
+compute a servable request needed. A shedder refuses such requests when they arrive (HTTP 429
+with a `Retry-After`), so the queue stays as long as the SLO allows and goodput stays flat past
+saturation. An `Admission` is consulted by `Scheduler.add_request` and observes every step.
+
+- `slo` (Andes-style, QoE-aware): predict the new request's TTFT from the queue ahead of it *in
+  the policy's order* and the service rates measured over the last seconds, and refuse it when
+  the prediction exceeds `slack` times its TTFT target (its own `ttft_slo`, else the option
+  `ttft_slo`; requests with neither are never refused). Seats: the requests ahead of it and it
+  need seats that free up at the measured departure rate (finishes + preemptions per second);
+  a request the policy would let evict a running one needs no free seat. Tokens: the prefill
+  tokens ahead of it, its own and those of running prefills are computed at the measured
+  prefill capacity of a step (token budget minus its decode tokens) per step time.
+- `queue`: a plain bound on waiting requests per class (vLLM's and SGLang's queue limits,
+  per class): option `max_waiting` is an int, or a dict by class with "*" for the rest.
+
+Both keep, per class, what was offered, admitted and refused, and why (`report()`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from heddle.errors import HeddleError
+
+if TYPE_CHECKING:
+    from heddle.core.outputs import SchedulerOutput
+    from heddle.core.policies import Policy
+    from heddle.request import Request
+
+ADMISSION_MODES = ("off", "slo", "queue")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request was refused at arrival, and when trying again could work."""
+
+    reason: str  # "seats" | "prefill" (slo mode: what the predicted wait was waiting for), "queue"
+    message: str
+    retry_after: float  # seconds
+    predicted_ttft: float | None = None
+
+
+@dataclass(slots=True)
+class ClassAdmission:
+    """What the shedder saw of one request class."""
+
+    offered: int = 0
+    admitted: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # by reason
+    predicted_ttft_sum: float = 0.0  # over refused requests with a prediction
+    num_ahead_sum: int = 0  # waiting requests ahead of refused ones
+
+    @property
+    def num_refused(self) -> int:
+        return sum(self.refused.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        refused = self.num_refused
+        return {
+            "offered": self.offered,
+            "admitted": self.admitted,
+            "refused": refused,
+            "refused_share": refused / self.offered if self.offered else 0.0,
+            "refused_by_reason": dict(sorted(self.refused.items())),
+            "mean_predicted_ttft": self.predicted_ttft_sum / refused if refused else None,
+            "mean_queue_ahead": self.num_ahead_sum / refused if refused else None,
+        }
+
+
+@dataclass(slots=True)
+class SchedulerState:
+    """What admission reads of the scheduler at an arrival (the live lists, not copies)."""
+
+    now: float
+    waiting: Sequence[Request]
+    running: Sequence[Request]
+    policy: Policy
+    max_num_seqs: int
+    token_budget: int
+
+
+class _Decayed:
+    """Exponentially decayed sums over time: rate() = events per second over ~`tau` seconds."""
+
+    __slots__ = ("last", "tau", "time", "values")
+
+    def __init__(self, tau: float, num: int) -> None:
+        self.tau = tau
+        self.values = [0.0] * num
+        self.time = 0.0  # decayed seconds observed
+        self.last: float | None = None
+
+    def add(self, now: float, duration: float, values: Sequence[float]) -> None:
+        if self.last is not None and now > self.last:
+            keep = math.exp(-(now - self.last) / self.tau)
+            self.values = [v * keep for v in self.values]
+            self.time *= keep
+        self.last = now
+        self.time += duration
+        for i, v in enumerate(values):
+            self.values[i] += v
+
+
+class Admission:
+    """Admits everything; counts arrivals per class. Subclasses refuse."""
+
+    name = "off"
+
+    def __init__(self) -> None:
+        self.classes: dict[str, ClassAdmission] = {}
+
+    def check(self, request: Request, state: SchedulerState) -> Refusal | None:
+        """None to admit `request` now, else why not. Counts the decision."""
+        stats = self.classes.setdefault(request.request_class, ClassAdmission())
+        stats.offered += 1
+        refusal = self.decide(request, state)
+        if refusal is None:
+            stats.admitted += 1
+        else:
+            stats.refused[refusal.reason] = stats.refused.get(refusal.reason, 0) + 1
+            if refusal.predicted_ttft is not None:
+                stats.predicted_ttft_sum += refusal.predicted_ttft
+        return refusal
+
+    def decide(self, request: Request, state: SchedulerState) -> Refusal | None:
+        return None
+
+    def observe_step(
+        self, now: float, duration: float, output: SchedulerOutput, num_finished: int
+    ) -> None:
+        """After every step: what it computed, how long it took, how many requests left."""
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per class: offered, admitted, refused (by reason), mean predicted TTFT of refusals."""
+        return {name: c.to_dict() for name, c in sorted(self.classes.items())}
+
+
+class QueueBound(Admission):
+    """Refuse a request when its class already has `max_waiting` requests waiting."""
+
+    name = "queue"
+
+    def __init__(self, max_waiting: int | Mapping[str, int] = 64, retry_after: float = 1.0) -> None:
+        super().__init__()
+        bounds = {"*": max_waiting} if isinstance(max_waiting, int) else dict(max_waiting)
+        for key, bound in bounds.items():
+            if not isinstance(bound, int) or bound < 0:
+                raise HeddleError(f"admission queue: max_waiting[{key!r}] must be an int >= 0")
+        self.bounds = bounds
+        self.retry_after = float(retry_after)
+
+    def decide(self, request: Request, state: SchedulerState) -> Refusal | None:
+        cls = request.request_class
+        bound = self.bounds.get(cls, self.bounds.get("*"))
+        if bound is None:
+            return None
+        num = sum(1 for r in state.waiting if r.request_class == cls)
+        if num < bound:
+            return None
+        return Refusal(
+            "queue",
+            f"the waiting queue of class {cls!r} is full ({num} of {bound}); retry later",
+            self.retry_after,
+        )
+
+
+class SLOAdmission(Admission):
+    """Refuse a request whose predicted TTFT exceeds `slack` times its TTFT target."""
+
+    name = "slo"
+
+    def __init__(
+        self,
+        slack: float = 0.8,
+        ttft_slo: float | None = None,
+        window_seconds: float = 5.0,
+        min_observed_seconds: float = 0.5,
+    ) -> None:
+        super().__init__()
+        if not slack > 0:
+            raise HeddleError(f"admission slo: slack must be positive, got {slack}")
+        if ttft_slo is not None and not ttft_slo > 0:
+            raise HeddleError(f"admission slo: ttft_slo must be positive, got {ttft_slo}")
+        if not window_seconds > 0 or min_observed_seconds < 0:
+            raise HeddleError("admission slo: window_seconds must be > 0, min_observed >= 0")
+        self.slack = float(slack)
+        self.ttft_slo = ttft_slo
+        self.min_observed_seconds = float(min_observed_seconds)
+        # decayed: [departures, steps, prefill capacity tokens, wall seconds of steps]
+        self._rates = _Decayed(window_seconds, 3)
+
+    # -- what was measured ----------------------------------------------------------------
+    def observe_step(
+        self, now: float, duration: float, output: SchedulerOutput, num_finished: int
+    ) -> None:
+        departures = num_finished + len(output.preempted_request_ids)
+        self._rates.add(now, duration, (departures, 1.0, float(output.num_decode_tokens)))
+
+    @property
+    def departure_rate(self) -> float:
+        """Seats freed per second (finishes and preemptions) over the last window."""
+        t = self._rates.time
+        return self._rates.values[0] / t if t > 0 else 0.0
+
+    @property
+    def step_time(self) -> float:
+        steps = self._rates.values[1]
+        return self._rates.time / steps if steps > 0 else 0.0
+
+    def prefill_per_step(self, token_budget: int) -> float:
+        """Tokens of a step left for prefills: the budget minus the mean decode tokens."""
+        steps = self._rates.values[1]
+        decode = self._rates.values[2] / steps if steps > 0 else 0.0
+        return max(1.0, token_budget - decode)
+
+    # -- the decision ---------------------------------------------------------------------
+    def predict_ttft(self, request: Request, state: SchedulerState) -> tuple[float, str, int]:
+        """(predicted TTFT in seconds, what it waits for: "seats" or "prefill", queue ahead)."""
+        policy = state.policy
+        now = state.now
+        key = policy.sort_key(request, now)
+        ahead = [r for r in state.waiting if policy.sort_key(r, now) < key]
+        step_time = self.step_time
+        per_step = self.prefill_per_step(state.token_budget)
+        # Prefill work before its first token: everything ahead of it, running prefills, its own.
+        tokens = request.num_uncomputed_tokens + sum(r.num_uncomputed_tokens for r in ahead)
+        tokens += sum(r.num_uncomputed_tokens for r in state.running if r.num_uncomputed_tokens > 1)
+        prefill_wait = math.ceil(tokens / per_step) * step_time
+        own_prefill = math.ceil(request.num_uncomputed_tokens / per_step) * step_time
+        free_seats = state.max_num_seqs - len(state.running)
+        seats_needed = len(ahead) + 1 - free_seats
+        seat_wait = 0.0
+        if seats_needed > 0 and not self._can_evict(request, state):
+            rate = self.departure_rate
+            seat_wait = seats_needed / rate if rate > 0 else math.inf
+        seat_ttft = seat_wait + own_prefill
+        if seat_ttft >= prefill_wait:
+            return seat_ttft, "seats", len(ahead)
+        return prefill_wait, "prefill", len(ahead)
+
+    @staticmethod
+    def _can_evict(request: Request, state: SchedulerState) -> bool:
+        """Would the policy let `request` take a running request's seat now?"""
+        if not state.running:
+            return False
+        policy = state.policy
+        victim = policy.choose_victim(state.running, state.now)
+        return policy.should_preempt_for(request, victim, state.now)
+
+    def decide(self, request: Request, state: SchedulerState) -> Refusal | None:
+        target = request.ttft_slo if request.ttft_slo is not None else self.ttft_slo
+        if target is None or self._rates.time < self.min_observed_seconds:
+            return None
+        predicted, reason, num_ahead = self.predict_ttft(request, state)
+        limit = self.slack * target
+        if predicted <= limit:
+            return None
+        self.classes[request.request_class].num_ahead_sum += num_ahead
+        retry = predicted - limit if math.isfinite(predicted) else 10 * target
+        return Refusal(
+            reason,
+            f"overloaded: predicted time to first token {_seconds(predicted)} exceeds "
+            f"{limit:.2f} s ({self.slack:g} x the {target:g} s target of class "
+            f"{request.request_class!r}; {num_ahead} requests ahead, waiting for {reason}); "
+            "retry later",
+            retry,
+            predicted,
+        )
+
+
+def _seconds(value: float) -> str:
+    return "unbounded" if not math.isfinite(value) else f"{value:.2f} s"
+
+
+def make_admission(name: str, **options: Any) -> Admission:
+    """An admission controller by name: "off", "slo" or "queue" (see the module docstring)."""
+    kinds: dict[str, type[Admission]] = {"off": Admission, "slo": SLOAdmission, "queue": QueueBound}
+    if name not in kinds:
+        raise HeddleError(f"unknown admission {name!r}; known: {', '.join(ADMISSION_MODES)}")
+    try:
+        return kinds[name](**options)
+    except TypeError as e:
+        raise HeddleError(f"admission {name!r}: {e}") from None

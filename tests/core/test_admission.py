@@ -1,0 +1,152 @@
+"""Admission control: what it predicts, what it refuses, and what it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.config import SchedulerConfig
+from heddle.core.admission import QueueBound, SchedulerState, SLOAdmission, make_admission
+from heddle.core.kv_cache import KVCacheManager
+from heddle.core.policies import make_policy
+from heddle.core.scheduler import Scheduler
+from heddle.errors import HeddleError, QueueFullError
+from tests.factories import create_request, create_scheduler, sample_all
+from tests.sim.factories import scheduled, step
+
+
+def _observed(departures_per_step: int, step_time: float, decode_tokens: int, num_steps: int):
+    admission = SLOAdmission(slack=1.0, min_observed_seconds=0.0)
+    now = 0.0
+    for _ in range(num_steps):
+        now += step_time
+        output = step(
+            *[scheduled(f"d{i}", 1, 10, num_prompt_tokens=5) for i in range(decode_tokens)]
+        )
+        admission.observe_step(now, step_time, output, departures_per_step)
+    return admission
+
+
+def _state(waiting, running, policy="fcfs", max_num_seqs=2, token_budget=32, now=1.0):
+    return SchedulerState(now, waiting, running, make_policy(policy), max_num_seqs, token_budget)
+
+
+def test_rates_are_what_was_observed() -> None:
+    admission = _observed(departures_per_step=1, step_time=0.02, decode_tokens=2, num_steps=100)
+    assert admission.departure_rate == pytest.approx(50.0)
+    assert admission.step_time == pytest.approx(0.02)
+    assert admission.prefill_per_step(32) == pytest.approx(30.0)
+
+
+def test_a_seat_bound_prediction() -> None:
+    admission = _observed(1, 0.02, 2, 100)
+    running = [create_request(f"run{i}", arrival_time=0.0) for i in range(2)]
+    for r in running:
+        r.num_computed_tokens = r.num_tokens  # decoding
+    waiting = [create_request(f"w{i}", prompt_len=8, arrival_time=0.1 * i) for i in range(3)]
+    new = create_request("new", prompt_len=8, arrival_time=1.0)
+    predicted, reason, ahead = admission.predict_ttft(new, _state(waiting, running))
+    # 3 ahead + itself need 4 seats, none free: 4 / 50 per s; then its own 8-token prefill
+    # takes one 20 ms step (30 tokens of budget left by 2 decodes).
+    assert (reason, ahead) == ("seats", 3)
+    assert predicted == pytest.approx(4 / 50 + 0.02)
+
+
+def test_a_prefill_bound_prediction() -> None:
+    admission = _observed(1, 0.02, 2, 100)
+    waiting = [create_request(f"w{i}", prompt_len=60, arrival_time=0.1 * i) for i in range(3)]
+    new = create_request("new", prompt_len=60, arrival_time=1.0)
+    predicted, reason, _ = admission.predict_ttft(new, _state(waiting, [], max_num_seqs=8))
+    # 240 prefill tokens at 30 per 20 ms step: 8 steps; the seats are free.
+    assert reason == "prefill"
+    assert predicted == pytest.approx(8 * 0.02)
+
+
+def test_the_queue_ahead_is_the_policys() -> None:
+    admission = _observed(1, 0.02, 2, 100)
+    running = [create_request(f"run{i}", priority=0) for i in range(2)]
+    for r in running:
+        r.num_computed_tokens = r.num_tokens
+    low = [create_request(f"low{i}", arrival_time=0.01 * i, priority=5) for i in range(20)]
+    urgent = create_request("urgent", arrival_time=1.0, priority=0)
+    late_low = create_request("late-low", arrival_time=1.0, priority=5)
+    state = _state(low, running, policy="priority")
+    assert admission.predict_ttft(urgent, state)[2] == 0
+    assert admission.predict_ttft(late_low, state)[2] == 20
+    state = _state(low, running, policy="fcfs")
+    assert admission.predict_ttft(urgent, state)[2] == 20
+
+
+def test_the_scheduler_refuses_what_would_miss_its_target() -> None:
+    config = SchedulerConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=2,
+        admission="slo",
+        admission_options={"slack": 1.0, "min_observed_seconds": 0.0},
+    )
+    scheduler = Scheduler(config, KVCacheManager(256, 4), create_scheduler().clock)
+    clock = scheduler.clock
+    # Two long decodes hold both seats; the shedder has seen no departure in their steps, so
+    # a newcomer's wait for a seat is unbounded.
+    for i in range(2):
+        scheduler.add_request(create_request(f"long{i}", max_tokens=1000, ttft_slo=0.5))
+    for _ in range(5):
+        out = scheduler.schedule()
+        clock.advance(0.02)
+        scheduler.update(out, sample_all(out, duration=0.02))
+    with pytest.raises(QueueFullError) as refused:
+        scheduler.add_request(create_request("refused", ttft_slo=0.5, arrival_time=clock.now()))
+    error = refused.value
+    assert error.reason == "seats" and error.request_class == "default"
+    assert error.retry_after is not None and error.retry_after > 0
+    assert "refused" not in scheduler.requests
+    # Without a TTFT target there is nothing to miss: admitted.
+    scheduler.add_request(create_request("no-slo", arrival_time=clock.now()))
+    report = scheduler.admission.report()["default"]
+    assert (report["offered"], report["admitted"], report["refused"]) == (4, 3, 1)
+    assert report["refused_by_reason"] == {"seats": 1}
+
+
+def test_a_refused_request_leaves_nothing_in_the_policy() -> None:
+    config = SchedulerConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=1,
+        policy="mlfq",
+        admission="queue",
+        admission_options={"max_waiting": 1},
+    )
+    scheduler = Scheduler(config, KVCacheManager(64, 4), create_scheduler().clock)
+    scheduler.add_request(create_request("a"))
+    with pytest.raises(QueueFullError):
+        scheduler.add_request(create_request("b"))
+    assert set(scheduler.policy._places) <= {"a"}  # type: ignore[attr-defined]
+
+
+def test_queue_bounds_per_class() -> None:
+    admission = QueueBound(max_waiting={"short": 2, "*": 1}, retry_after=3)
+    waiting = [
+        create_request("s0", request_class="short"),
+        create_request("s1", request_class="short"),
+        create_request("l0", request_class="long"),
+    ]
+    state = _state(waiting, [])
+    assert admission.check(create_request("s2", request_class="short"), state) is not None
+    assert admission.check(create_request("l1", request_class="long"), state) is not None
+    assert admission.check(create_request("x0", request_class="other"), _state([], [])) is None
+    refusal = admission.check(create_request("s3", request_class="short"), state)
+    assert refusal is not None and refusal.retry_after == 3.0 and refusal.reason == "queue"
+    report = admission.report()
+    assert report["short"]["refused"] == 2 and report["long"]["refused"] == 1
+    assert report["other"] == {**report["other"], "offered": 1, "admitted": 1, "refused": 0}
+
+
+def test_bad_options_are_one_line_errors() -> None:
+    with pytest.raises(HeddleError, match="unknown admission"):
+        make_admission("lottery")
+    with pytest.raises(HeddleError, match="slack"):
+        make_admission("slo", slack=0)
+    with pytest.raises(HeddleError, match="admission 'slo'"):
+        make_admission("slo", budget=3)
+    with pytest.raises(HeddleError, match="max_waiting"):
+        make_admission("queue", max_waiting=-1)
+    with pytest.raises(HeddleError, match="unknown admission"):
+        SchedulerConfig(admission="lottery")
