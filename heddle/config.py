@@ -91,6 +91,10 @@ class SchedulerConfig:
     # Refuse at arrival what cannot be served in time (heddle/core/admission.py): off|slo|queue.
     admission: str = "off"
     admission_options: dict[str, object] = field(default_factory=dict)
+    # The preemption guard (heddle/core/preemption_guard.py): tokens preemption may throw
+    # away per token computed over a window of about this many seconds; None: no bound.
+    max_recompute_ratio: float | None = 0.1
+    recompute_window_seconds: float = 20.0
     # Longest prefill chunk one request may take in a step; None: the whole budget.
     long_prefill_token_threshold: int | None = None
     # What happens to a paused agent session's KV (heddle/sessions/retention.py): lru (not
@@ -115,6 +119,12 @@ class SchedulerConfig:
             raise HeddleError("long_prefill_token_threshold must be positive")
         if not self.max_park_seconds > 0:
             raise HeddleError("max_park_seconds must be positive")
+        if self.max_recompute_ratio is not None and not self.max_recompute_ratio >= 0:
+            raise HeddleError(
+                f"max_recompute_ratio must be >= 0 or None, got {self.max_recompute_ratio}"
+            )
+        if not self.recompute_window_seconds > 0:
+            raise HeddleError("recompute_window_seconds must be positive")
         if self.admission not in ("off", "slo", "queue"):
             raise HeddleError(f"unknown admission {self.admission!r}: use off, slo or queue")
 

@@ -21,8 +21,12 @@ def create_scheduler(
     prefix_caching: bool = True,
     long_prefill_token_threshold: int | None = None,
     max_waiting: int | None = None,
+    max_recompute_ratio: float | None = None,
     **policy_options: object,
 ) -> Scheduler:
+    # Without the preemption guard by default: these tests pin the policies' own decisions
+    # in runs of a few steps, where any eviction is a large share of the work computed
+    # (tests/core/test_preemption_guard.py tests the guard).
     config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
@@ -30,6 +34,7 @@ def create_scheduler(
         policy_options=dict(policy_options),
         long_prefill_token_threshold=long_prefill_token_threshold,
         max_waiting=max_waiting,
+        max_recompute_ratio=max_recompute_ratio,
     )
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
     return Scheduler(config, kv, VirtualClock())

@@ -31,6 +31,7 @@ from heddle.core.admission import Admission, SchedulerState, make_admission
 from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
+from heddle.core.preemption_guard import PreemptionGuard
 from heddle.core.queues import ArrivalQueue, OrderedQueue, insert_sorted
 from heddle.core.step_builder import StepBuilder
 from heddle.errors import InvalidRequestError, QueueFullError
@@ -78,6 +79,9 @@ class Scheduler:
             max_park_seconds=config.max_park_seconds,
         )
         self.admission = admission or make_admission(config.admission, **config.admission_options)
+        self.preemption_guard = PreemptionGuard(
+            config.max_recompute_ratio, config.recompute_window_seconds
+        )
         self.requests: dict[str, Request] = {}
         # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
         self._static_waiting = not self.policy.waiting_order_changes
@@ -216,6 +220,7 @@ class Scheduler:
         if self.speculator is not None:
             self.speculator.forget((request_id,))
         self.num_finished += 1
+        self.preemption_guard.forget(request_id)
         self.policy.on_finished(request)
         if self.events is not None:
             self.events.finished(request)
@@ -422,6 +427,8 @@ class Scheduler:
             candidates = [r for r in ordered[index + 1 :] if r.status is RUNNING]
             candidates.append(request)
             victim = self.policy.choose_victim(candidates, now)
+            if self.preemption_guard.enabled:
+                victim = self.preemption_guard.forced_victim(victim, candidates, now)
             if victim is request and len(self.running) == 1:
                 # Alone and still too big: it can never fit. Stop it rather than loop.
                 self.finish_request(request.request_id, FinishReason.LENGTH)
@@ -550,6 +557,8 @@ class Scheduler:
         victim = self.policy.choose_victim(candidates, now)
         if not self.policy.should_preempt_for(request, victim, now):
             return False
+        if not self.preemption_guard.allows(victim, now):
+            return False  # the recompute budget is spent, or the victim is still recomputing
         step.release(victim, self.policy.lane_of(victim))
         if self.events is not None:
             self.events.preempted(victim, request, reason)
@@ -593,6 +602,7 @@ class Scheduler:
         """Preemption by recompute: free the blocks; the request waits and later recomputes.
 
         `requeue=False`: the caller puts it back in the waiting queue (after iterating it)."""
+        self.preemption_guard.charge(request, self.clock.now())
         self.kv_cache.free(request)
         self.running.remove(request)
         self.accounting.idle(request, StallReason.PREEMPTED)
@@ -683,6 +693,7 @@ class Scheduler:
             if collect_updated:
                 updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
+        self.preemption_guard.observe_step(now, scheduler_output.num_scheduled_tokens)
         self.admission.observe_step(
             now,
             executor_output.step_duration,

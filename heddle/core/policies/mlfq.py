@@ -15,9 +15,11 @@ stuck behind everyone's long thinking, while a long thinking phase keeps sinking
 
 Preemption here is by recompute (FastServe swaps KV to host memory instead), so each eviction
 throws away the victim's whole context once its cached blocks are reused. Under sustained
-overload with a small token budget or KV cache, newcomers keep evicting the same demoted
-requests and throughput collapses; `max_preemptions` bounds how many times a request may be
-evicted for a newcomer (None: no bound).
+overload, once requests wait longer than `starvation_seconds`, promoted requests keep evicting
+the same demoted ones and, unguarded, throughput collapses (issue 16). The scheduler's
+preemption guard (heddle/core/preemption_guard.py, on by default) refuses evictions beyond a
+recompute budget, whatever this policy asks; `max_preemptions` also bounds how many times a
+request may be evicted for a newcomer (None: no bound).
 """
 
 from __future__ import annotations
