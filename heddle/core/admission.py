@@ -11,9 +11,10 @@ saturation. An `Admission` is consulted by `Scheduler.add_request` and observes 
   the prediction exceeds `slack` times its TTFT target (its own `ttft_slo`, else the option
   `ttft_slo`; requests with neither are never refused). Seats: the requests ahead of it and it
   need seats that free up at the measured departure rate (finishes + preemptions per second);
-  a request the policy would let evict a running one needs no free seat. Tokens: the prefill
-  tokens ahead of it, its own and those of running prefills are computed at the measured
-  prefill capacity of a step (token budget minus its decode tokens) per step time.
+  a request the policy (and the scheduler's preemption guard) would let evict a running one
+  needs no free seat. Tokens: the prefill tokens ahead of it, its own and those of running
+  prefills are computed at the measured prefill capacity of a step (token budget minus its
+  decode tokens) per step time.
 - `queue`: a plain bound on waiting requests per class (vLLM's and SGLang's queue limits,
   per class): option `max_waiting` is an int, or a dict by class with "*" for the rest.
 
@@ -32,6 +33,7 @@ from heddle.errors import HeddleError
 if TYPE_CHECKING:
     from heddle.core.outputs import SchedulerOutput
     from heddle.core.policies import Policy
+    from heddle.core.preemption_guard import PreemptionGuard
     from heddle.request import Request
 
 ADMISSION_MODES = ("off", "slo", "queue")
@@ -84,6 +86,7 @@ class SchedulerState:
     policy: Policy
     max_num_seqs: int
     token_budget: int
+    guard: PreemptionGuard | None = None  # the scheduler's: an eviction it refuses frees no seat
 
 
 class _Decayed:
@@ -247,12 +250,15 @@ class SLOAdmission(Admission):
 
     @staticmethod
     def _can_evict(request: Request, state: SchedulerState) -> bool:
-        """Would the policy let `request` take a running request's seat now?"""
+        """Would the policy let `request` take a running request's seat now, and the scheduler's
+        preemption guard let it?"""
         if not state.running:
             return False
         policy = state.policy
         victim = policy.choose_victim(state.running, state.now)
-        return policy.should_preempt_for(request, victim, state.now)
+        if not policy.should_preempt_for(request, victim, state.now):
+            return False
+        return state.guard is None or state.guard.why_not(victim, state.now) is None
 
     def decide(self, request: Request, state: SchedulerState) -> Refusal | None:
         target = request.ttft_slo if request.ttft_slo is not None else self.ttft_slo

@@ -183,6 +183,7 @@ class Scheduler:
             policy=self.policy,
             max_num_seqs=self.config.max_num_seqs,
             token_budget=self.config.max_num_batched_tokens,
+            guard=self.preemption_guard,
         )
         refusal = self.admission.check(request, state)
         if refusal is not None:
