@@ -24,7 +24,7 @@ Both keep, per class, what was offered, admitted and refused, and why (`report()
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +81,7 @@ class SchedulerState:
     """What admission reads of the scheduler at an arrival (the live lists, not copies)."""
 
     now: float
-    waiting: Sequence[Request]
+    waiting: Iterable[Request]  # the scheduler's queue (any order)
     running: Sequence[Request]
     policy: Policy
     max_num_seqs: int
