@@ -50,26 +50,27 @@ class Spec:
 
     generator: str
     options: tuple[tuple[str, Any], ...]
-    slos: tuple[tuple[str, float, float], ...]  # (class, ttft, tpot); "*" for the rest
+    # (class, ttft, tpot, priority: lower is more urgent); "*" for the rest
+    slos: tuple[tuple[str, float, float, int], ...]
     short: tuple[str, ...]  # the latency-sensitive classes
     saturation: float  # fcfs's requests/s when backlogged (docs/POLICIES.md, seed 0)
 
 
 # The workloads and saturation throughputs of docs/POLICIES.md (same machine, same setup).
 WORKLOADS: dict[str, Spec] = {
-    "chat": Spec("chat", (), (("*", 0.5, 0.05),), ("default",), 43.82),
+    "chat": Spec("chat", (), (("*", 0.5, 0.05, 0),), ("default",), 43.82),
     "long-prompt": Spec(
-        "long-prompt-mix", (), (("short", 0.5, 0.05), ("long", 2.0, 0.1)), ("short",), 34.97
+        "long-prompt-mix", (), (("short", 0.5, 0.05, 0), ("long", 2.0, 0.1, 1)), ("short",), 34.97
     ),
     "reasoning": Spec(
         "reasoning-mix",
         (("length_scale", 0.5),),
-        (("short", 0.5, 0.05), ("reasoning", 2.0, 0.1)),
+        (("short", 0.5, 0.05, 0), ("reasoning", 2.0, 0.1, 1)),
         ("short",),
         60.34,
     ),
     "multi-tenant": Spec(
-        "multi-tenant", (), (("*", 0.5, 0.05),), ("user-1", "user-2", "user-3"), 43.92
+        "multi-tenant", (), (("*", 0.5, 0.05, 0),), ("user-1", "user-2", "user-3"), 43.92
     ),
 }
 
@@ -99,11 +100,11 @@ def make_workload(spec: Spec, seed: int, rate: float, num_requests: int) -> Work
     base = get_workload(
         spec.generator, seed=seed, num_requests=num_requests, rate=rate, **dict(spec.options)
     )
-    slos = {cls: (ttft, tpot) for cls, ttft, tpot in spec.slos}
+    slos = {cls: (ttft, tpot, priority) for cls, ttft, tpot, priority in spec.slos}
     requests = []
     for r in base.requests:
-        ttft, tpot = slos.get(r.request_class) or slos["*"]
-        requests.append(replace(r, ttft_slo=ttft, tpot_slo=tpot))
+        ttft, tpot, priority = slos.get(r.request_class) or slos["*"]
+        requests.append(replace(r, ttft_slo=ttft, tpot_slo=tpot, priority=priority))
     return Workload(base.name, base.params, base.seed, requests)
 
 

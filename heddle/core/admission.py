@@ -136,9 +136,15 @@ class Admission:
         return None
 
     def observe_step(
-        self, now: float, duration: float, output: SchedulerOutput, num_finished: int
+        self,
+        now: float,
+        duration: float,
+        output: SchedulerOutput,
+        num_finished: int,
+        token_budget: int | None = None,
     ) -> None:
-        """After every step: what it computed, how long it took, how many requests left."""
+        """After every step: what it computed, how long it took, how many requests left, and
+        the token budget the policy gave it (`step_limits`; None: the configured one)."""
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Per class: offered, admitted, refused (by reason), mean predicted TTFT of refusals."""
@@ -196,15 +202,24 @@ class SLOAdmission(Admission):
         self.slack = float(slack)
         self.ttft_slo = ttft_slo
         self.min_observed_seconds = float(min_observed_seconds)
-        # decayed: [departures, steps, prefill capacity tokens, wall seconds of steps]
-        self._rates = _Decayed(window_seconds, 3)
+        # decayed: departures, steps, decode tokens, the steps' token budgets
+        self._rates = _Decayed(window_seconds, 4)
+        self._budgeted = False
 
     # -- what was measured ----------------------------------------------------------------
     def observe_step(
-        self, now: float, duration: float, output: SchedulerOutput, num_finished: int
+        self,
+        now: float,
+        duration: float,
+        output: SchedulerOutput,
+        num_finished: int,
+        token_budget: int | None = None,
     ) -> None:
         departures = num_finished + len(output.preempted_request_ids)
-        self._rates.add(now, duration, (departures, 1.0, float(output.num_decode_tokens)))
+        budget = -1.0 if token_budget is None else float(token_budget)
+        if budget >= 0:
+            self._budgeted = True
+        self._rates.add(now, duration, (departures, 1.0, float(output.num_decode_tokens), budget))
 
     @property
     def departure_rate(self) -> float:
@@ -218,10 +233,15 @@ class SLOAdmission(Admission):
         return self._rates.time / steps if steps > 0 else 0.0
 
     def prefill_per_step(self, token_budget: int) -> float:
-        """Tokens of a step left for prefills: the budget minus the mean decode tokens."""
+        """Tokens of a step left for prefills: the mean budget the policy gave the last steps
+        (a policy may cap it below the configured `token_budget`, as slo does to hold TPOTs)
+        minus their mean decode tokens."""
         steps = self._rates.values[1]
         decode = self._rates.values[2] / steps if steps > 0 else 0.0
-        return max(1.0, token_budget - decode)
+        budget = float(token_budget)
+        if self._budgeted and steps > 0:
+            budget = min(budget, self._rates.values[3] / steps)
+        return max(1.0, budget - decode)
 
     # -- the decision ---------------------------------------------------------------------
     def predict_ttft(self, request: Request, state: SchedulerState) -> tuple[float, str, int]:

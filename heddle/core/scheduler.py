@@ -98,6 +98,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_finished = 0  # requests that left (any reason), for admission's service rate
         self._num_finished_observed = 0
+        self._step_token_budget = config.max_num_batched_tokens  # the last step's (policy's)
         self.num_preempted_waiting = 0  # of the waiting requests, those preempted
         # Why ready requests were left out of steps, preemptions, evictions, recomputes
         # (heddle/core/events.py; None: off). Its stall intervals follow the accounting's.
@@ -270,6 +271,7 @@ class Scheduler:
             waiting_is_ordered=self._static_waiting,
         )
         limits = policy.step_limits(view)
+        self._step_token_budget = limits.token_budget
         step = StepBuilder(
             limits.token_budget,
             limits.lane_budgets,
@@ -700,6 +702,7 @@ class Scheduler:
             executor_output.step_duration,
             scheduler_output,
             self.num_finished - self._num_finished_observed,
+            self._step_token_budget,
         )
         self._num_finished_observed = self.num_finished
         return updated

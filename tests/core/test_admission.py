@@ -150,3 +150,13 @@ def test_bad_options_are_one_line_errors() -> None:
         make_admission("queue", max_waiting=-1)
     with pytest.raises(HeddleError, match="unknown admission"):
         SchedulerConfig(admission="lottery")
+
+
+def test_the_prefill_capacity_is_the_budget_the_policy_gave() -> None:
+    # slo caps a step's token budget to hold running TPOTs: the shedder predicts with the
+    # budget the steps actually had, not the configured one.
+    admission = SLOAdmission(min_observed_seconds=0.0)
+    for i in range(50):
+        output = step(*[scheduled(f"d{k}", 1, 10, num_prompt_tokens=5) for k in range(2)])
+        admission.observe_step(0.02 * (i + 1), 0.02, output, 0, token_budget=12)
+    assert admission.prefill_per_step(32) == pytest.approx(10.0)
