@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from heddle.errors import HeddleError
 
@@ -89,7 +90,7 @@ class SchedulerConfig:
     policy_options: dict[str, object] = field(default_factory=dict)
     max_waiting: int | None = None  # bound on the waiting queue; None: unbounded
     # Refuse at arrival what cannot be served in time (heddle/core/admission.py): off|slo|queue.
-    admission: str = "off"
+    admission: Literal["off", "slo", "queue"] = "off"
     admission_options: dict[str, object] = field(default_factory=dict)
     # The preemption guard (heddle/core/preemption_guard.py): tokens preemption may throw
     # away per token computed over a window of about this many seconds; None: no bound.

@@ -53,6 +53,14 @@ HELP: Mapping[str, str] = {
     "long_prefill_token_threshold": "longest prefill chunk of one request in a step",
     "decision_events": "ring buffer of the scheduler's decision events (the dashboard's why); "
     "0: off",
+    "admission": "refuse at arrival (HTTP 429 + Retry-After) what is predicted to miss its TTFT "
+    "target (slo) or finds its class's queue full (queue); see heddle/core/admission.py",
+    "admission_options": "an option of the admission controller (slack, ttft_slo, "
+    "window_seconds; queue: max_waiting, a number or a dict by class)",
+    "max_recompute_ratio": "preemption guard: tokens preemption may throw away per token "
+    "computed over the window, whatever the policy asks ('none': no bound); see "
+    "heddle/core/preemption_guard.py",
+    "recompute_window_seconds": "the preemption guard's window (seconds, exponentially decayed)",
     "block_size": "tokens per KV block",
     "num_blocks": "KV blocks (default: from --kv-cache-memory-gb)",
     "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): method=ngram, "
@@ -163,12 +171,22 @@ def _flag_kwargs(f: dataclasses.Field[Any], tp: Any, default: Any) -> tuple[str,
         return flag, {"choices": choices, "type": type(choices[0])}
     if isinstance(base, type) and issubclass(base, enum.Enum):
         return flag, {"choices": [m.value for m in base], "type": type(next(iter(base)).value)}
+    if base in (int, float) and base is not tp:
+        return flag, {"type": _optional_number(base)}  # `| None`: 'none' gives None
     if base in (int, float, str):
         return flag, {"type": base}
     raise TypeError(
         f"config field {name!r} of type {tp!r} has no command-line form: give it one in "
         "heddle/cli/flags.py"
     )
+
+
+def _optional_number(base: type) -> Any:
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() == "none" else base(text)
+
+    parse.__name__ = base.__name__  # argparse names the type in its error message
+    return parse
 
 
 def _default_of(f: dataclasses.Field[Any]) -> Any:
