@@ -110,28 +110,11 @@ def make_workload(spec: Spec, seed: int, rate: float, num_requests: int) -> Work
 
 def _simulate(workload: Workload, scheduler: SchedulerConfig, seed: int) -> Any:
     """The one place that builds the simulated engine (the defaults of `heddle simulate`)."""
-    from heddle.sim import RooflineCostModel, SimulatedExecutor, kv_cache_blocks, load_model_spec
-    from heddle.sim.simulator import simulate
+    from heddle.sim.simulator import build_sim_engine, simulate
 
-    model = load_model_spec("llama-3.1-8b")
-    cost = RooflineCostModel(model, "h100", tp=model.default_tp)
-    num_blocks = kv_cache_blocks(
-        model,
-        "h100",
-        16,
-        tp=model.default_tp,
-        max_num_batched_tokens=scheduler.max_num_batched_tokens,
-        max_num_seqs=scheduler.max_num_seqs,
-    )
-    config = EngineConfig(cache=CacheConfig(block_size=16), scheduler=scheduler)
-    vocab = model.vocab_size
-    return simulate(
-        workload,
-        config,
-        lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=seed),
-        num_blocks=num_blocks,
-        vocab_size=vocab,
-    )
+    config = EngineConfig(cache=CacheConfig(block_size=16), scheduler=scheduler, seed=seed)
+    engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100")
+    return simulate(workload, engine)
 
 
 def run_point(point: Point) -> dict[str, Any]:
