@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from heddle.clock import Clock
 from heddle.config import SchedulerConfig
 from heddle.core.accounting import Accounting, StallReason
-from heddle.core.events import DecisionLog, Queue
 from heddle.core.admission import Admission, SchedulerState, make_admission
+from heddle.core.events import DecisionLog, Queue
 from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
