@@ -21,6 +21,7 @@ from heddle.errors import InvalidRequestError
 from heddle.metrics.record import RequestRecord
 from heddle.reasoning.phase import ReasoningState
 from heddle.sessions.session import SessionInfo
+from heddle.structured.spec import GrammarSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,9 @@ class Request:
     cache_salt: str | None = None
     # The agent session this request is a turn of (heddle/sessions): its KV may be parked.
     session: SessionInfo | None = None
+    # Structured output: the grammar its output must follow (a policy may weigh it: each
+    # constrained sequence costs the step its own mask work).
+    grammar: GrammarSpec | None = None
     # Admission order, set by the scheduler: breaks ties between equal arrival times.
     seq: int = 0
     # Reasoning models: the phase (thinking / answering), thinking tokens used, the budget.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.clock import Clock, WallClock
 from heddle.config import EngineConfig
@@ -28,10 +28,15 @@ from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.reasoning import Phase, ReasoningFormat, ReasoningState, thinking_budget
-from heddle.request import FinishReason, SamplingParams
+from heddle.request import FinishReason, Request, SamplingParams
 from heddle.sessions.manager import recompute_cost_of
 from heddle.sessions.retention import Costs
 from heddle.sessions.session import session_info
+from heddle.structured.spec import GrammarSpec
+from heddle.structured.step import GrammarStep
+
+if TYPE_CHECKING:
+    from heddle.structured.matchers import GrammarMatchers
 
 __all__ = ["Engine", "EngineTokenizer"]
 
@@ -100,6 +105,10 @@ class Engine:
         # Called on the engine's thread after each step's execute, before update (the view's
         # probe: heddle/view/probe.py): (scheduler output, step start, step duration).
         self.step_observer: Callable[[SchedulerOutput, float, float], None] | None = None
+        # Matchers of the constrained sequences, keyed by request id; made on the first
+        # grammar (they need the model's tokenizer: the simulator has none).
+        self._grammars: GrammarMatchers | None = None
+        self.overlap_grammar = True  # fill bitmasks while the forward pass runs
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> Engine:
@@ -162,6 +171,7 @@ class Engine:
         close_session: bool = False,
         tool: str | None = None,
         true_thinking_len: int | None = None,
+        grammar: GrammarSpec | None = None,
     ) -> None:
         """Queue a request (n sequences when params.n > 1): all of them, or none.
 
@@ -171,6 +181,9 @@ class Engine:
         With a reasoning format, a thinking budget of 0 on a prompt that opens the thinking
         block closes it in the prompt (`ReasoningFormat.prepare_prompt`). Simulated requests
         may carry `true_thinking_len`: their phase turns after that many output tokens.
+
+        `grammar`: the output must follow it (compiled here, once per grammar: a spec that does
+        not compile raises InvalidRequestError before anything is queued).
 
         Raises InvalidRequestError, or QueueFullError when the waiting queue is at its bound.
         """
@@ -185,6 +198,7 @@ class Engine:
         budget = thinking_budget(params.max_thinking_tokens, None, params.max_tokens)
         if fmt is not None:
             prompt_token_ids, _ = fmt.prepare_prompt(prompt_token_ids, budget)
+        compiled = self._compile_grammar(grammar) if grammar is not None else None
         requests = self.inputs.make_requests(
             request_id,
             prompt_token_ids,
@@ -199,6 +213,7 @@ class Engine:
             true_output_len=true_output_len,
             cache_salt=cache_salt,
             session=session,
+            grammar=grammar,
         )
         for request in requests:
             if true_thinking_len:
@@ -209,6 +224,32 @@ class Engine:
                 request.reasoning = fmt.new_state(request.prompt_token_ids, budget)
         self.scheduler.add_requests(requests)
         self.outputs.add(request_id, prompt, prompt_token_ids, requests)
+        if compiled is not None:
+            assert self._grammars is not None
+            for request in requests:
+                self._grammars.add(request.request_id, compiled)
+
+    def _compile_grammar(self, grammar: GrammarSpec) -> Any:
+        """The compiled grammar (cached), or None where nothing masks (the simulator, whose
+        executor has no tokenizer).
+
+        The model's own tokenizer comes from the executor: an engine core in its own process
+        has no `self.tokenizer` (its front end detokenizes) but still masks."""
+        tokenizer = getattr(self.executor, "tokenizer", None) or self.tokenizer
+        if tokenizer is None or not hasattr(tokenizer, "backend"):
+            return None
+        if self._grammars is None:
+            from heddle.structured.compiler import GrammarCompiler
+            from heddle.structured.matchers import GrammarMatchers
+
+            vocab_size = self.vocab_size or tokenizer.vocab_size  # type: ignore[union-attr]
+            self._grammars = GrammarMatchers(GrammarCompiler(tokenizer, vocab_size))
+        return self._grammars.compiler.compile(grammar, "response_format")
+
+    @property
+    def grammars(self) -> GrammarMatchers | None:
+        """The matchers of the constrained sequences (None before the first grammar)."""
+        return self._grammars
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its KV blocks return to the pool. Returns its final output."""
@@ -218,6 +259,7 @@ class Engine:
         for request in requests:
             if not request.is_finished:
                 self.scheduler.finish_request(request.request_id, FinishReason.ABORT)
+        self._drop_grammars(requests)
         return self.outputs.output_of(request_id)
 
     def stop_sequence(self, request_id: str, index: int, stop: str) -> RequestOutput | None:
@@ -230,6 +272,7 @@ class Engine:
         request = requests[index]
         if not request.is_finished:
             self.scheduler.finish_request(request.request_id, FinishReason.STOP, stop)
+        self._drop_grammars([request])
         if all(r.is_finished for r in requests):
             return self.outputs.output_of(request_id)
         return None
@@ -248,9 +291,15 @@ class Engine:
         scheduler = self.scheduler
         scheduler_output = scheduler.schedule()
         if scheduler_output.is_empty:
-            outputs = self.outputs.process(scheduler.take_unreported_finishes())
+            finished = scheduler.take_unreported_finishes()
+            self._drop_grammars(finished)
+            outputs = self.outputs.process(finished)
             self.overhead_seconds += time.perf_counter() - t0
             return outputs
+        grammars = self._grammars
+        masks = None
+        if grammars is not None and len(grammars):
+            masks = scheduler_output.token_masks = self._grammar_step(scheduler_output, grammars)
         start = self.clock.now()
         t1 = time.perf_counter()
         executor_output = self.executor.execute(scheduler_output)
@@ -258,7 +307,15 @@ class Engine:
         if self.step_observer is not None:
             self.step_observer(scheduler_output, start, self.clock.now() - start)
         every = self.outputs.needs_every_update or bool(executor_output.logprobs)
+        every = every or masks is not None  # each constrained request's matcher advances
         updated = scheduler.update(scheduler_output, executor_output, collect_updated=every)
+        if masks is not None:
+            assert grammars is not None
+            if masks.bitmask is not None:
+                masks.bitmask.result()  # an executor that ignored the masks: the worker is done
+            self._advance_grammars(grammars, updated)
+        if grammars is not None and len(grammars):
+            self._drop_grammars(scheduler.finished_in_step)  # whatever ended them
         if every:
             outputs = self.outputs.process(updated, executor_output.logprobs)
         else:
@@ -272,6 +329,38 @@ class Engine:
         self.execute_seconds += t2 - t1
         self.overhead_seconds += (t1 - t0) + (t3 - t2)
         return outputs
+
+    def _grammar_step(
+        self, scheduler_output: SchedulerOutput, grammars: GrammarMatchers
+    ) -> GrammarStep | None:
+        """The step's constrained sampling rows; their bitmask starts filling now."""
+        so = scheduler_output
+        constrained = [
+            request_id
+            for request_id, sample in zip(so.request_ids, so.sample, strict=True)
+            if sample and request_id in grammars
+        ]
+        if not constrained:
+            return None
+        return grammars.start_step(constrained, self.overlap_grammar)
+
+    def _advance_grammars(self, grammars: GrammarMatchers, updated: list[Request]) -> None:
+        """Feed each constrained request its new tokens; stop it once its grammar is done."""
+        for request in updated:
+            request_id = request.request_id
+            if request_id not in grammars or request.is_finished:
+                continue
+            accepted = grammars.accept(request_id, request.output_token_ids)
+            if not accepted or grammars.is_terminated(request_id):
+                # A rejected token cannot happen under the mask (it would be a grammar engine
+                # bug); a terminated grammar admits nothing more (e.g. ignore_eos).
+                self.scheduler.finish_request(request_id, FinishReason.STOP)
+
+    def _drop_grammars(self, requests: list[Request]) -> None:
+        grammars = self._grammars
+        if grammars is not None:
+            for request in requests:
+                grammars.remove(request.request_id)
 
     def _trim_timeline(self) -> None:
         """Forget the step times before the first token of every live request."""

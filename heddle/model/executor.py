@@ -15,7 +15,7 @@ from heddle.model.attention_metadata import build_attention_metadata
 from heddle.model.device import resolve_device, resolve_dtype
 from heddle.model.llama import LlamaForCausalLM
 from heddle.model.loader import load_model
-from heddle.model.sampler import Sampler, SamplingRow
+from heddle.model.sampler import Sampler, SamplingRow, apply_token_bitmask
 from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
 from heddle.request import SamplingParams
@@ -282,15 +282,21 @@ class _Row:
 def _apply_token_masks(
     logits: torch.Tensor, sampling: list[_Row], masks: Mapping[str, Sequence[int]]
 ) -> None:
-    """Disallowed tokens get -inf logits. `masks`: request id -> bitmask as 32-bit words."""
+    """Disallowed tokens get -inf logits. `masks`: request id -> bitmask as 32-bit words (an
+    int32 tensor row, as the grammar matchers fill it, or any sequence of ints)."""
+    indices = [i for i, row in enumerate(sampling) if row.request_id in masks]
+    if not indices:
+        return
+    words = torch.stack([_mask_words(masks[sampling[i].request_id]) for i in indices])
     vocab = logits.shape[-1]
-    shifts = torch.arange(32, dtype=torch.int64, device=logits.device)
-    for i, row in enumerate(sampling):
-        words = masks.get(row.request_id)
-        if words is None:
-            continue
-        packed = torch.tensor(list(words), dtype=torch.int64, device=logits.device) & 0xFFFFFFFF
-        allowed = ((packed.unsqueeze(-1) >> shifts) & 1).flatten()[:vocab].bool()
-        if allowed.numel() < vocab:
-            allowed = torch.cat([allowed, allowed.new_zeros(vocab - allowed.numel())])
-        logits[i].masked_fill_(~allowed, float("-inf"))
+    width = (vocab + 31) // 32
+    if words.shape[1] < width:  # a short mask allows nothing beyond its end
+        words = torch.cat([words, words.new_zeros(words.shape[0], width - words.shape[1])], 1)
+    apply_token_bitmask(logits, indices, words)
+
+
+def _mask_words(words: Sequence[int]) -> torch.Tensor:
+    if isinstance(words, torch.Tensor):
+        return words.to(torch.int32)
+    # Words may be given unsigned (up to 2**32 - 1): wrap them to int32's bit pattern.
+    return (torch.tensor(list(words), dtype=torch.int64) & 0xFFFFFFFF).to(torch.int32)

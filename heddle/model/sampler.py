@@ -218,6 +218,28 @@ def _sample_top(logits: torch.Tensor, widths: list[int], has_top_k: list[bool],
     return picks, short
 
 
+# Bit b of byte value v: [256, 8]. A packed bitmask read as bytes indexes it to unpack.
+_BYTE_BITS = ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool()
+
+
+def apply_token_bitmask(
+    logits: torch.Tensor, row_indices: list[int], bitmask: torch.Tensor
+) -> None:
+    """logits[row_indices[i], j] = -inf wherever bit j of bitmask[i] is clear (in place).
+
+    bitmask: int32 [len(row_indices), ceil(vocab / 32)], token j at bit j % 32 of word j // 32
+    (xgrammar's layout). Read as little-endian bytes, byte k of a row holds tokens 8k..8k+7.
+    """
+    if not row_indices:
+        return
+    vocab = logits.shape[1]
+    table = _BYTE_BITS.to(logits.device)
+    as_bytes = bitmask.to(logits.device).contiguous().view(torch.uint8).long()
+    blocked = ~table[as_bytes].flatten(1)[:, :vocab]  # [rows, vocab] True: not allowed
+    for i, row in enumerate(row_indices):
+        logits[row].masked_fill_(blocked[i], float("-inf"))
+
+
 def _rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """tensor[rows], without a copy when `rows` is every row in order."""
     if len(rows) == tensor.shape[0] and rows == list(range(len(rows))):

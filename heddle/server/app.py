@@ -36,6 +36,7 @@ from heddle.server.metrics import ServerMetrics
 from heddle.server.middleware import DEFAULT_MAX_BODY_BYTES, APIKeyMiddleware, BodyLimitMiddleware
 from heddle.server.routes import router
 from heddle.server.state import ServerState, ServerTokenizer
+from heddle.tools import make_format
 from heddle.view.live import install_dashboard, view_source
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     shutdown_engine: bool = True,
     shutdown_timeout: float = 10.0,
+    tool_call_parser: str = "auto",
 ) -> FastAPI:
     """The OpenAI-compatible app over an engine client (an AsyncEngine in this process, or a
     CoreClient whose engine core runs in its own process). The client is attached to the app's
@@ -63,6 +65,8 @@ def build_app(
     if tokenizer is None or not hasattr(tokenizer, "encode"):
         raise HeddleError("the server needs a tokenizer with encode() and apply_chat_template()")
     name = model_name or async_engine.model_name
+    if tool_call_parser != "auto":
+        make_format(tool_call_parser)  # an unknown name fails here, not on the first request
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,6 +90,7 @@ def build_app(
         model_name=name,
         metrics=ServerMetrics(async_engine),
         aliases=frozenset(aliases),
+        tool_call_parser=tool_call_parser,
     )
     install_error_handlers(app)
     app.include_router(router)
@@ -112,6 +117,7 @@ def run_server(
     log_level: str = "info",
     engine: Engine | None = None,
     engine_core: str = "process",
+    tool_call_parser: str = "auto",
     **engine_kwargs: Any,
 ) -> int:
     """Load the model and serve until a signal; returns 0.
@@ -149,6 +155,7 @@ def run_server(
             api_key=api_key,
             max_body_bytes=max_body_bytes,
             shutdown_timeout=shutdown_timeout,
+            tool_call_parser=tool_call_parser,
         )
         uvicorn_config = uvicorn.Config(
             app,

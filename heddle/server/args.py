@@ -10,6 +10,7 @@ import argparse
 from heddle.cli.flags import add_engine_arguments, engine_config_from_args
 from heddle.errors import HeddleError
 from heddle.server.app import DEFAULT_HOST, DEFAULT_PORT, run_server
+from heddle.tools import AUTO, FORMATS
 
 __all__ = ["add_arguments", "engine_config_from_args", "run_from_args"]
 
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds in-flight requests may take to finish after SIGTERM",
     )
     http.add_argument("--log-level", default="info", help="uvicorn's log level")
+    parser.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=[AUTO, *FORMATS],
+        help="how the model writes tool calls (default: picked from the chat template)",
+    )
     from heddle.cluster.args import add_cluster_arguments
 
     add_cluster_arguments(parser)
@@ -57,5 +64,6 @@ def run_from_args(args: argparse.Namespace) -> int:
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         shutdown_timeout=args.shutdown_timeout,
         log_level=args.log_level,
+        tool_call_parser=args.tool_call_parser,
         engine_core=args.engine_core,
     )

@@ -19,6 +19,7 @@ MAX_N = 16  # completions per request
 MAX_LOGPROBS = 20  # top alternatives per token, OpenAI's limit
 MAX_STOP = 16  # stop strings per request
 SESSION_HEADER = "x-session-id"  # the session id as a header (HTTP headers ignore case)
+MAX_TOOLS = 128  # OpenAI's limit
 
 NonNegInt = Annotated[int, Field(ge=0)]
 
@@ -186,19 +187,89 @@ class ChatMessage(BaseModel):
         return message
 
 
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
 class ChatCompletionRequest(_CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
     # Reasoning models: extra template variables (e.g. enable_thinking) and thinking budgets.
     chat_template_kwargs: dict[str, Any] | None = None
     max_thinking_tokens: int | None = Field(None, ge=0)
     reasoning_effort: str | None = None  # none | low | medium | high
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template and the tool-call formats read them."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    @property
+    def tool_choice_value(self) -> str | dict[str, Any]:
+        """OpenAI's default: "auto" with tools, "none" without."""
+        choice = self.tool_choice
+        if choice is None:
+            return "auto" if self.tools else "none"
+        return choice if isinstance(choice, str) else choice.model_dump()
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the output is read for tool calls (tools given, and not tool_choice none)."""
+        return bool(self.tools) and self.tool_choice_value != "none"
+
+    def response_format_dict(self) -> dict[str, Any] | None:
+        if self.response_format is None:
+            return None
+        return self.response_format.model_dump(by_alias=True, exclude_none=True)
 
     @property
     def max_output_tokens(self) -> int | None:
@@ -216,8 +287,17 @@ class ChatCompletionRequest(_CommonRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
+        choice = self.tool_choice_value
+        if choice not in ("none", "auto") and not self.tools:
             raise InvalidRequestError(
-                f"response_format {kind!r} is not supported: text only", "response_format"
+                "tool_choice other than none or auto needs tools", "tool_choice"
+            )
+        if self.tools:
+            names = [t.function.name for t in self.tools]
+            if len(set(names)) != len(names):
+                raise InvalidRequestError("tool names must be unique", "tools")
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_schema" and fmt.json_schema is None:
+            raise InvalidRequestError(
+                "response_format json_schema needs its json_schema object", "response_format"
             )

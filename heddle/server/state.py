@@ -32,6 +32,7 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     aliases: frozenset[str] = frozenset()  # other names accepted in the `model` field
+    tool_call_parser: str = "auto"  # heddle.tools format name; auto: from the chat template
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property

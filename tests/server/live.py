@@ -48,7 +48,7 @@ def shared_executor() -> Any:
     return ModelExecutor(ModelConfig(num_threads=2, quantization="none"), CACHE)
 
 
-def real_engine(**scheduler: Any) -> Engine:
+def real_engine(max_model_len: int = MAX_MODEL_LEN, **scheduler: Any) -> Engine:
     executor = shared_executor()
     config = EngineConfig(cache=CACHE, scheduler=SchedulerConfig(**scheduler))
     return Engine(
@@ -57,7 +57,7 @@ def real_engine(**scheduler: Any) -> Engine:
         num_blocks=executor.num_blocks,
         tokenizer=executor.tokenizer,
         eos_token_id=executor.eos_token_id,
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=max_model_len,
         vocab_size=executor.model_shape.vocab_size,
     )
 
@@ -68,9 +68,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def core_config(**scheduler: Any) -> EngineConfig:
+def core_config(max_model_len: int = MAX_MODEL_LEN, **scheduler: Any) -> EngineConfig:
     """The config of real_engine(), for an engine core in its own process."""
-    model = ModelConfig(num_threads=2, max_model_len=MAX_MODEL_LEN, quantization="none")
+    model = ModelConfig(num_threads=2, max_model_len=max_model_len, quantization="none")
     return EngineConfig(model=model, cache=CACHE, scheduler=SchedulerConfig(**scheduler))
 
 

@@ -70,11 +70,11 @@ CASES = [
     ),
     ("top_logprobs without logprobs", CHAT, {"messages": USER, "top_logprobs": 2}, 400, None),
     (
-        "json response format",
+        "unknown response format",
         CHAT,
-        {"messages": USER, "response_format": {"type": "json_object"}},
+        {"messages": USER, "response_format": {"type": "yaml"}},
         400,
-        "response_format",
+        "response_format.type",
     ),
     (
         "max_completion_tokens zero",

@@ -204,3 +204,23 @@ def test_metrics_come_from_the_core(server):
     assert values["heddle_steps_total"] > 0
     assert values["heddle_e2e_request_latency_seconds_count"] >= 5
     assert values['heddle_requests_finished_total{finish_reason="abort"}'] >= 12
+
+
+def test_grammars_apply_in_the_core_process(server, openai_client):
+    # The core has no tokenizer of its own (the front end detokenizes): it still compiles the
+    # grammar with the executor's, masks, and rejects a bad schema with a 400.
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"]}}}  # fmt: skip
+    reply = openai_client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=[tool], tool_choice="required", parallel_tool_calls=False, temperature=0,
+        max_tokens=60,
+    )  # fmt: skip
+    [call] = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and "city" in json.loads(call.function.arguments)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    bad = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=30, json={
+        "messages": CHAT, "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "response_format"
