@@ -50,6 +50,7 @@ __all__ = ["StallReason"]  # the accounting's reasons, re-exported: the events s
 
 REASONS: tuple[StallReason, ...] = tuple(StallReason)
 _INDEX = {reason: i for i, reason in enumerate(REASONS)}
+_VALUES: tuple[str, ...] = tuple(reason.value for reason in REASONS)
 _NUM = len(REASONS)
 _ZERO = (0.0,) * _NUM
 
@@ -161,6 +162,9 @@ def _event(raw: tuple[Any, ...]) -> Event:
     if kind == _STALL:
         _, rid, cls, queue, s0, s1, t0, t1, seconds = raw
         return StallInterval(rid, cls, queue, s0, s1, t0, t1, dict(seconds))
+    if kind == _EVICT:
+        _, step, now, num_blocks, whom, what, blocks = raw
+        return Eviction(step, now, num_blocks, tuple(dict.fromkeys(whom)), what, blocks)
     event: Event = _TYPES[kind](*raw[1:])
     return event
 
@@ -195,6 +199,10 @@ class DecisionLog:
         self.num_events = 0  # appended since the start (the ring keeps the last `capacity`)
         # Cumulative seconds charged, per queue and reason, to whoever waits behind a stop.
         self._charged = ([0.0] * _NUM, [0.0] * _NUM)
+        # The counters as a tuple, shared by the waits opened while they stay the same (None:
+        # they moved since): a wait opens without a copy, and one that closes with the same
+        # tuple saw no counter move.
+        self._snapshots: list[tuple[float, ...] | None] = [None, None]
         # request id -> (queue, counters when it opened, start step, start time, class)
         self._open: dict[str, tuple[int, tuple[float, ...], int, float, str]] = {}
         self._adjust: dict[str, list[float]] = {}  # corrections of requests explained alone
@@ -249,8 +257,11 @@ class DecisionLog:
         self.step_id = step_id
         self.now = now
         self._in_step = self._began = True
-        self._stops[0] = self._stops[1] = None
-        self._skipped.clear()
+        stops = self._stops
+        if stops[0] is not None or stops[1] is not None:
+            stops[0] = stops[1] = None
+        if self._skipped:
+            self._skipped.clear()
 
     def opened(self, request: Request, reason: StallReason) -> None:
         """The accounting's `on_idle`: `request` is idle from now (it arrived, or was left out
@@ -327,14 +338,18 @@ class DecisionLog:
         """Allocating for `request_id` reused `block_ids`, blocks that held cached KV (logged
         as one event at the end of the step)."""
         self.num_evicted_blocks += len(block_ids)
-        self._evicted_ids.extend(block_ids)
+        self._evicted_ids += block_ids
         self._evicted_for.append(request_id)
 
     def _flush_evictions(self) -> None:
-        ids = tuple(dict.fromkeys(self._evicted_for))
+        # The requests as they came (repeats included): readers get them once each (`_event`).
+        whom = self._evicted_for
         blocks = tuple(self._evicted_ids)
-        self._append((_EVICT, self.step_id, self.now, len(blocks), ids, "cached", blocks))
-        self._evicted_for.clear()
+        self._ring.append(
+            (_EVICT, self.step_id, self.now, len(blocks), tuple(whom), "cached", blocks)
+        )
+        self.num_events += 1
+        whom.clear()
         self._evicted_ids.clear()
 
     def finished(self, request: Request) -> None:
@@ -353,14 +368,19 @@ class DecisionLog:
         if self._evicted_for:
             self._flush_evictions()
         stops = self._stops
-        if stops != self._last_stops or stops[0] is not None or stops[1] is not None:
+        last = self._last_stops
+        # Nothing stopped this step nor the last: no counter moves, no event (most steps).
+        if stops[0] is not None or stops[1] is not None or last[0] is not None or (
+            last[1] is not None
+        ):
             for queue in (0, 1):
                 stop = stops[queue]
                 if stop is not None:
                     self._charged[queue][stop] += charged
-                if stop != self._last_stops[queue]:
-                    self._last_stops[queue] = stop
-                    value = None if stop is None else REASONS[stop].value
+                    self._snapshots[queue] = None
+                if stop != last[queue]:
+                    last[queue] = stop
+                    value = None if stop is None else _VALUES[stop]
                     self._append((_STOP, self.step_id, self.now, _QUEUE_NAMES[queue], value))
         if not self._skipped:
             return
@@ -381,9 +401,12 @@ class DecisionLog:
     def _start(
         self, request: Request, queue: Queue, step: int | None = None, now: float | None = None
     ) -> None:
+        snapshot = self._snapshots[queue]
+        if snapshot is None:  # the counters moved since the last wait opened here
+            snapshot = self._snapshots[queue] = tuple(self._charged[queue])
         self._open[request.request_id] = (
             queue,
-            tuple(self._charged[queue]),
+            snapshot,
             self.step_id if step is None else step,
             self.now if now is None else now,
             request.request_class,
@@ -397,13 +420,20 @@ class DecisionLog:
             self._num_open_running -= 1
         charged = self._charged[queue]
         adjust = self._adjust.pop(request_id, None) if self._adjust else None
-        seconds = []
-        for i in range(_NUM):
-            value = charged[i] - snapshot[i]
-            if adjust is not None:
-                value += adjust[i]
-            if value > 1e-12:
-                seconds.append((REASONS[i].value, value))
+        if adjust is None:
+            if snapshot is self._snapshots[queue]:
+                return  # no counter moved since it opened: no wait to explain
+            seconds = [
+                (name, now - then)
+                for name, now, then in zip(_VALUES, charged, snapshot, strict=True)
+                if now - then > 1e-12
+            ]
+        else:
+            seconds = [
+                (name, now - then + extra)
+                for name, now, then, extra in zip(_VALUES, charged, snapshot, adjust, strict=True)
+                if now - then + extra > 1e-12
+            ]
         if not seconds:
             return  # admitted at the first step it could have run in: no wait to explain
         self._append(
