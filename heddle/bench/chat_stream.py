@@ -8,14 +8,13 @@ chunk that carries either as output arriving.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from heddle.bench.stream import _error_message, spread_times
+from heddle.bench.stream import _error_message, spread_times, sse_chunks
 from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.workloads import WorkloadRequest
 
@@ -91,14 +90,8 @@ async def send_chat(
                 if response.status_code != 200:
                     error = _error_message(response.status_code, await response.aread())
                 else:
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
+                    async for chunk in sse_chunks(response):
                         now = time.perf_counter() - t0
-                        chunk = json.loads(data)
                         if isinstance(chunk.get("error"), dict):
                             error = f"stream error: {chunk['error'].get('message')}"
                             break

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,17 @@ def _error_message(status: int, body: bytes) -> str:
     return f"HTTP {status}: {message}"
 
 
+async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI-style server-sent event stream, up to `data: [DONE]`."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
 async def send_request(
     client: httpx.AsyncClient,
     url: str,
@@ -98,14 +110,8 @@ async def send_request(
                 if response.status_code != 200:
                     error = _error_message(response.status_code, await response.aread())
                 else:
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
+                    async for chunk in sse_chunks(response):
                         now = time.perf_counter() - t0
-                        chunk = json.loads(data)
                         if isinstance(chunk.get("error"), dict):
                             error = f"stream error: {chunk['error'].get('message')}"
                             break
