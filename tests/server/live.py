@@ -74,6 +74,35 @@ def core_config(max_model_len: int = MAX_MODEL_LEN, **scheduler: Any) -> EngineC
     return EngineConfig(model=model, cache=CACHE, scheduler=SchedulerConfig(**scheduler))
 
 
+class AppServer:
+    """uvicorn serving an ASGI app on 127.0.0.1 in a daemon thread (a context manager)."""
+
+    def __init__(self, app: Any, *, lifespan: str = "auto") -> None:
+        self.port = free_port()
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> AppServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
 class LiveServer:
     """uvicorn serving `build_app(AsyncEngine(engine))` (or over `client`, e.g. a CoreClient
     whose engine runs in its own process) in a daemon thread."""
@@ -84,29 +113,19 @@ class LiveServer:
         self.engine = engine
         self.async_engine = client if client is not None else AsyncEngine(engine)
         self.app = build_app(self.async_engine, **app_options)
-        self.port = free_port()
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.http = AppServer(self.app, lifespan="on")
+        self.port = self.http.port
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.http.url
 
     def start(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
+        self.http.__enter__()
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.http.__exit__()
 
     def wait_idle(self, timeout: float = 10.0) -> None:
         """Until no request is left in the engine and every KV block is back in the pool."""

@@ -8,16 +8,11 @@ results/view/ (git-ignored).
 from __future__ import annotations
 
 import shutil
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-
-from tests.server.live import free_port
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -80,28 +75,3 @@ def screenshot(page: Any, name: str, panels: tuple[str, ...] = ()) -> Path:
     return path
 
 
-class AppServer:
-    """uvicorn serving an ASGI app on 127.0.0.1 in a daemon thread (stop() ends it)."""
-
-    def __init__(self, app: Any) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> AppServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)

@@ -18,8 +18,8 @@ from heddle.engine.engine import Engine
 from heddle.metrics.jsonl import record_to_dict
 from heddle.view.cli import build_view_app, load_store
 from heddle.view.saved import view_path_for
-from tests.server.live import MAX_MODEL_LEN, LiveServer, shared_executor
-from tests.view.browser import AppServer, launch, open_dashboard, screenshot, view_stats
+from tests.server.live import MAX_MODEL_LEN, AppServer, LiveServer, shared_executor
+from tests.view.browser import launch, open_dashboard, screenshot, view_stats
 from tests.view.factories import recorded_run
 
 PANELS = ("chart-tokens", "chart-batch", "chart-kv", "chart-queues", "chart-ttft", "chart-e2e")
