@@ -32,6 +32,7 @@ import httpx
 
 from heddle.bench.chat_stream import ChatOutcome, ChatTurn, send_chat
 from heddle.bench.prompts import text_prompt
+from heddle.bench.runner import load_client, scheduling_extras
 from heddle.metrics.programs import ProgramRecord
 from heddle.workloads import USER_TURN, AgentProgram, AgentRun, Workload, WorkloadRequest
 
@@ -175,18 +176,15 @@ def chat_payload(
         "stream_options": {"include_usage": True},
     }
     if options.extensions and request.program_id is not None:
-        extras = {
-            "session_id": request.program_id,
-            "parent_session_id": request.parent_program_id,
-            "expected_pause": request.expected_pause,
-            "close_session": True if request.last_call else None,
-            "priority": request.priority or None,
-            "request_class": None if request.request_class == "default" else request.request_class,
-            "user": request.user,
-            "ttft_slo": request.ttft_slo,
-            "tpot_slo": request.tpot_slo,
-        }
-        payload.update({k: v for k, v in extras.items() if v is not None})
+        payload.update(
+            scheduling_extras(
+                request,
+                session_id=request.program_id,
+                parent_session_id=request.parent_program_id,
+                expected_pause=request.expected_pause,
+                close_session=True if request.last_call else None,
+            )
+        )
     return payload
 
 
@@ -196,11 +194,7 @@ async def run_programs(
     on_done: Callable[[ChatOutcome], None] | None = None,
 ) -> AgentLoadResult:
     """Run every program of `workload` against the server; bounded by max_duration."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(None, connect=30.0)
-    async with httpx.AsyncClient(
-        limits=limits, timeout=timeout, headers=options.headers, trust_env=False
-    ) as client:
+    async with load_client(options.headers) as client:
         return await _ProgramDriver(client, workload, options, on_done).run()
 
 

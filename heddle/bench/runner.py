@@ -54,15 +54,28 @@ def payload_for(request: WorkloadRequest, options: LoadOptions) -> dict[str, Any
         "stream_options": {"include_usage": True},
     }
     if options.extensions:
-        extras = {
-            "priority": request.priority or None,
-            "request_class": None if request.request_class == "default" else request.request_class,
-            "user": request.user,
-            "ttft_slo": request.ttft_slo,
-            "tpot_slo": request.tpot_slo,
-        }
-        payload.update({k: v for k, v in extras.items() if v is not None})
+        payload.update(scheduling_extras(request))
     return payload
+
+
+def scheduling_extras(request: WorkloadRequest, **more: Any) -> dict[str, Any]:
+    """heddle's request fields (class, priority, user, SLOs, and `more`) that are set."""
+    extras = {
+        **more,
+        "priority": request.priority or None,
+        "request_class": None if request.request_class == "default" else request.request_class,
+        "user": request.user,
+        "ttft_slo": request.ttft_slo,
+        "tpot_slo": request.tpot_slo,
+    }
+    return {k: v for k, v in extras.items() if v is not None}
+
+
+def load_client(headers: dict[str, str] | None) -> httpx.AsyncClient:
+    """An HTTP client for a load run: unbounded connections, no read timeout (runs bound time)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(None, connect=30.0)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers, trust_env=False)
 
 
 async def generate_load(
@@ -70,11 +83,7 @@ async def generate_load(
     options: LoadOptions,
     on_done: Callable[[Outcome], None] | None = None,
 ) -> LoadResult:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(None, connect=30.0)
-    async with httpx.AsyncClient(
-        limits=limits, timeout=timeout, headers=options.headers, trust_env=False
-    ) as client:
+    async with load_client(options.headers) as client:
         return await _Driver(client, workload, options, on_done).run()
 
 
