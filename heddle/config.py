@@ -52,16 +52,19 @@ class CacheConfig:
             raise HeddleError("kv_cache_memory_gb must be positive")
 
 
-SPECULATION_METHODS = ("off", "ngram", "sim")
+SPECULATION_METHODS = ("off", "ngram", "draft", "sim")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     """Speculative decoding (heddle/spec/): who proposes draft tokens, and how many.
 
-    `method`: off; ngram (prompt lookup, no extra model); sim (the simulator: every decode is
-    offered drafts, the simulated executor accepts them at the workload's rate). `adaptive`:
-    each request gets 0..num_draft_tokens drafts per step from a goodput estimate
+    `method`: off; ngram (prompt lookup, no extra model); draft (a smaller model that shares
+    the target's tokenizer, `model`: its GGUF file or HF directory; the scheduler grants draft
+    slots, the executor's draft model fills them in the same step); sim (the simulator: every
+    decode is offered drafts, the simulated executor accepts each one, given the ones before
+    it, with a per-request rate drawn uniformly in `acceptance` +- `acceptance_spread`).
+    `adaptive`: each request gets 0..num_draft_tokens drafts per step from a goodput estimate
     (heddle/spec/adaptive.py); False: always num_draft_tokens where a proposal has them.
     """
 
@@ -70,6 +73,12 @@ class SpeculativeConfig:
     adaptive: bool = True
     ngram_min: int = 2
     ngram_max: int = 4
+    model: str | None = None  # method=draft: the draft model
+    # method=sim: the mean rate at which a draft is accepted (given the earlier ones were) and
+    # the spread of the per-request rates; docs/SPECULATION.md has the rates fitted to the real
+    # engine's runs (heddle/spec/sim.py: MEASURED_ACCEPTANCE).
+    acceptance: float = 0.7
+    acceptance_spread: float = 0.2
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATION_METHODS:
@@ -80,6 +89,12 @@ class SpeculativeConfig:
             raise HeddleError("num_draft_tokens must be positive")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise HeddleError("need 1 <= ngram_min <= ngram_max")
+        if self.method == "draft" and not self.model:
+            raise HeddleError("speculation method=draft needs model=PATH (the draft model)")
+        if self.model is not None and self.method != "draft":
+            raise HeddleError(f"a draft model is only used with method=draft, not {self.method}")
+        if not 0.0 <= self.acceptance <= 1.0 or not 0.0 <= self.acceptance_spread <= 1.0:
+            raise HeddleError("acceptance and acceptance_spread must be within 0 .. 1")
 
 
 @dataclass(frozen=True, slots=True)

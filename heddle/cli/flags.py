@@ -63,8 +63,10 @@ HELP: Mapping[str, str] = {
     "recompute_window_seconds": "the preemption guard's window (seconds, exponentially decayed)",
     "block_size": "tokens per KV block",
     "num_blocks": "KV blocks (default: from --kv-cache-memory-gb)",
-    "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): method=ngram, "
-    "num_draft_tokens=4, adaptive=true (see SpeculativeConfig)",
+    "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): "
+    "method=off|ngram|draft|sim, num_draft_tokens=4, adaptive=true; method=draft: model=PATH "
+    "(a draft model sharing the tokenizer); method=sim: acceptance=0.7, acceptance_spread=0.2 "
+    "(see SpeculativeConfig)",
 }
 # Nested config dataclasses given on the command line as repeatable KEY=VALUE items.
 KEY_VALUE_CONFIGS: tuple[type, ...] = (SpeculativeConfig,)

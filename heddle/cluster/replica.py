@@ -28,8 +28,10 @@ def model_engine_factory(config: EngineConfig, max_model_len: int | None = None)
 
     def build() -> tuple[Engine, Any, str]:
         from heddle.model.executor import ModelExecutor
+        from heddle.spec.draft import attach_draft_model
 
         executor = ModelExecutor(config.model, config.cache)
+        attach_draft_model(executor, config.scheduler.speculation, config.model)
         limit = executor.max_model_len
         if max_model_len is not None:
             limit = min(limit, max_model_len)

@@ -114,8 +114,10 @@ class Engine:
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> Engine:
         """An engine over the real model named in `config.model` (torch is imported here)."""
         from heddle.model.executor import ModelExecutor
+        from heddle.spec.draft import attach_draft_model
 
         executor = ModelExecutor(config.model, config.cache)
+        attach_draft_model(executor, config.scheduler.speculation, config.model)
         if executor.tokenizer is not None and "reasoning_format" not in kwargs:
             kwargs["reasoning_format"] = ReasoningFormat.from_tokenizer(executor.tokenizer)
         return cls(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from heddle.model.spec import ModelSpec
 from heddle.model.tokenizer import Tokenizer
 from heddle.request import SamplingParams
 from heddle.spec.rejection import verify
+
+if TYPE_CHECKING:
+    from heddle.spec.draft import DraftModelProposer
 
 
 class ModelExecutor:
@@ -79,6 +83,9 @@ class ModelExecutor:
         # Per request id: its tokens, block table and sampling parameters (the contract sends
         # them once, then only what changes).
         self._requests: dict[str, _RequestState] = {}
+        # Speculation with a draft model (heddle/spec/draft.py, `attach_draft_model`): it fills
+        # the draft slots the scheduler granted, in this step, before the forward pass.
+        self.draft: DraftModelProposer | None = None
 
     # -- what the engine reads ---------------------------------------------------------------
 
@@ -112,6 +119,9 @@ class ModelExecutor:
             states.pop(request_id, None)
         for request_id in so.preempted_request_ids:
             states.pop(request_id, None)  # it comes back as a new request (its sampler stays)
+        if self.draft is not None:  # the draft model's K/V goes with the request's
+            self.draft.forget(so.finished_request_ids)
+            self.draft.forget(so.preempted_request_ids)
         for new in so.new_requests:
             states[new.request_id] = _RequestState(
                 list(new.token_ids), new.num_prompt_tokens, list(new.block_ids),
@@ -146,7 +156,31 @@ class ModelExecutor:
             if table and not 0 <= min(table) <= max(table) < self.num_blocks:
                 raise ValueError(f"{request_id}: block id outside 0..{self.num_blocks - 1}")
             rows.append(_Row(request_id, token_ids, start, sample, state, num_drafts))
+        if self.draft is not None and so.draft_token_ids:
+            self._draft(rows)
         return rows
+
+    def _draft(self, rows: list[_Row]) -> None:
+        """Fill the draft slots with the draft model's proposals (all rows batched in each
+        draft step); a row it has no proposal for (its draft cache is full) computes only its
+        known token, and the scheduler counts its slots as rejected drafts."""
+        from heddle.spec.draft import ProposalRequest
+
+        assert self.draft is not None
+        wanted = [r for r in rows if r.num_drafts]
+        with torch.inference_mode():
+            proposals = self.draft.propose([
+                ProposalRequest(r.request_id, r.state.token_ids, r.num_drafts,
+                                r.state.sampling_params, r.state.num_prompt_tokens)
+                for r in wanted
+            ])  # fmt: skip
+        for r in wanted:
+            proposal = proposals.get(r.request_id)
+            drafts = proposal.token_ids[: r.num_drafts] if proposal is not None else []
+            del r.token_ids[len(r.token_ids) - r.num_drafts :]
+            r.token_ids.extend(drafts)
+            r.num_drafts = len(drafts)
+            r.draft_probs = proposal.probs if proposal is not None and drafts else None
 
     def _forward(self, rows: list[_Row]) -> tuple[list[_Row], torch.Tensor]:
         """Run the network on the step's tokens.
@@ -235,7 +269,7 @@ class ModelExecutor:
                 keep.append(offset)
             else:
                 tokens = verify(logits[offset : offset + n], r.token_ids[-r.num_drafts :],
-                                r.state.sampling_params)
+                                r.state.sampling_params, r.draft_probs)
                 r.state.token_ids.extend(tokens)
                 verified[r.request_id] = tokens
             offset += n
@@ -277,6 +311,7 @@ class _Row:
     sample: bool
     state: _RequestState
     num_drafts: int = 0  # the last num_drafts of token_ids are draft tokens to verify
+    draft_probs: torch.Tensor | None = None  # [num_drafts, vocab]: a draft model's q (sampled)
 
 
 def _apply_token_masks(

@@ -29,6 +29,7 @@ def simulate_cluster(
     """Every replica is `Engine(config, SimulatedExecutor(cost_model))` with `num_blocks` blocks."""
     from heddle.sim.executor import SimulatedExecutor
     from heddle.sim.simulator import sim_engine
+    from heddle.spec.sim import sim_acceptance
 
     if isinstance(router, str):
         router = Router(
@@ -40,9 +41,11 @@ def simulate_cluster(
         )
 
     def make_engine(replica_id: int) -> Engine:
+        acceptance = sim_acceptance(config.scheduler.speculation, seed)
         return sim_engine(
             config,
-            lambda clock: SimulatedExecutor(cost_model, clock, vocab_size=vocab_size, seed=seed),
+            lambda clock: SimulatedExecutor(cost_model, clock, vocab_size=vocab_size, seed=seed,
+                                            acceptance=acceptance),
             num_blocks=num_blocks,
             vocab_size=vocab_size,
             max_model_len=max_model_len,

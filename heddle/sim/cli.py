@@ -153,6 +153,12 @@ def run_simulate(args: argparse.Namespace) -> int:
         )
     if result.rejected:
         print(f"rejected, e.g. {result.rejected[0][0]}: {result.rejected[0][1]}")
+    speculator = result.engine.scheduler.speculator if result.engine is not None else None
+    if speculator is not None:
+        drafted, accepted = speculator.acceptance.num_drafted, speculator.acceptance.num_accepted
+        print(f"speculation: {drafted} draft tokens, {accepted} accepted "
+              f"({100 * accepted / max(drafted, 1):.1f}%), in {speculator.num_steps_with_drafts} "
+              "steps")
     _print_overload(args, result)
     _warn_outside_profile(result)
     if result.programs:

@@ -31,6 +31,7 @@ from heddle.sim.executor import SimulatedExecutor
 from heddle.sim.profiled import ProfiledCostModel
 from heddle.sim.roofline import RooflineCostModel, kv_cache_blocks
 from heddle.sim.specs import HardwareSpec, load_hardware_spec, load_model_spec
+from heddle.spec.sim import sim_acceptance
 from heddle.workloads import Workload
 
 SIM_EOS_TOKEN_ID = 2
@@ -87,9 +88,11 @@ class SimMachine:
         executor's sampled token ids are seeded by `seed` (default `config.seed`)."""
         cost, vocab = self.cost_model, self.shape.vocab_size
         executor_seed = config.seed if seed is None else seed
+        acceptance = sim_acceptance(config.scheduler.speculation, executor_seed)
         return sim_engine(
             config,
-            lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=executor_seed),
+            lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=executor_seed,
+                                            acceptance=acceptance),
             num_blocks=self.num_blocks,
             vocab_size=vocab,
             max_model_len=max_model_len,

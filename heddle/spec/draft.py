@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from heddle.config import CacheConfig, ModelConfig, SpeculativeConfig
 from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.errors import HeddleError
 from heddle.model.executor import ModelExecutor
@@ -66,6 +67,11 @@ class DraftModelProposer:
     def num_free_blocks(self) -> int:
         return len(self._free)
 
+    @property
+    def request_ids(self) -> list[str]:
+        """The requests whose draft K/V is kept (until `forget`)."""
+        return list(self._states)
+
     def forget(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
             state = self._states.pop(request_id, None)
@@ -85,7 +91,9 @@ class DraftModelProposer:
             common = _common_prefix(state.computed, known)
             common = min(common, len(known) - 1)  # the last known token gives the logits
             del state.computed[common:]
-            if not self._reserve(state, len(known) + request.k - 1):
+            if len(known) + request.k - 1 > self.executor.max_model_len or not self._reserve(
+                state, len(known) + request.k - 1
+            ):
                 continue
             active.append((request, state, known[common:]))
             out[request.request_id] = DraftProposal([])
@@ -140,6 +148,27 @@ class DraftModelProposer:
         for _ in range(needed):
             state.blocks.append(self._free.pop())
         return True
+
+
+def attach_draft_model(executor: ModelExecutor, speculation: SpeculativeConfig,
+                       model_config: ModelConfig | None = None) -> DraftModelProposer | None:
+    """With `speculation.method == "draft"`, load the draft model beside `executor`'s (same
+    dtype, device and quantization choice as `model_config`, the target's) with as many KV
+    blocks as the target's pool (a smaller model: a smaller cache, and room for every request
+    the target holds), and hand the executor the proposer. Returns it (None: no draft)."""
+    if speculation.method != "draft":
+        return None
+    assert speculation.model is not None  # SpeculativeConfig checks it
+    target = model_config or ModelConfig()
+    draft_config = ModelConfig(model=speculation.model, dtype=target.dtype, device=target.device,
+                               max_model_len=executor.max_model_len,
+                               quantization=target.quantization)
+    draft_executor = ModelExecutor(
+        draft_config, CacheConfig(block_size=executor.block_size, num_blocks=executor.num_blocks)
+    )
+    proposer = DraftModelProposer(draft_executor, executor.model_shape.vocab_size)
+    executor.draft = proposer
+    return proposer
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

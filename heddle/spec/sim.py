@@ -12,6 +12,10 @@ docs/SPECULATION.md gives the rates measured on the real engine.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from heddle.config import SpeculativeConfig
 
 _MASK64 = (1 << 64) - 1
 _SCALE = float(1 << 53)
@@ -54,3 +58,12 @@ class SimAcceptance:
 
     def forget(self, request_id: str) -> None:
         self._rates.pop(request_id, None)
+
+
+def sim_acceptance(config: SpeculativeConfig, seed: int = 0) -> SimAcceptance | None:
+    """How the simulator accepts the drafts of `config`: None with speculation off. Any
+    method is simulated the same way (the simulator has no text to look up or draft model to
+    run): drafts accepted at the configured mean rate and spread."""
+    if config.method == "off":
+        return None
+    return SimAcceptance(config.acceptance, config.acceptance_spread, seed)

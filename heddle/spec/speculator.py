@@ -45,9 +45,11 @@ class Proposer(Protocol):
 
 
 class RepeatProposer:
-    """The simulator's proposer: k copies of the request's last token. A simulated request
+    """k copies of the request's last token. The simulator's proposer: a simulated request
     emits one token id over and over, so these are the tokens it would accept; how many it
-    does is the simulated executor's draw at the workload's acceptance rate."""
+    does is the simulated executor's draw at the workload's acceptance rate. With a draft
+    model (method=draft) they are the draft slots the scheduler grants: the executor's draft
+    model proposes the tokens that fill them, in the same step (heddle/spec/draft.py)."""
 
     def propose(self, request_id: str, token_ids: Sequence[int], k: int) -> list[int]:
         return [token_ids[-1]] * k if k > 0 and token_ids else []
@@ -62,7 +64,7 @@ class Speculator:
         if proposer is None:
             if config.method == "ngram":
                 proposer = NgramProposer(config.ngram_min, config.ngram_max)
-            elif config.method == "sim":
+            elif config.method in ("sim", "draft"):
                 proposer = RepeatProposer()
             else:
                 raise ValueError(f"no proposer for speculation method {config.method!r}")

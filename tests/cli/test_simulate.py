@@ -34,3 +34,29 @@ def test_simulate_errors_are_one_line(capsys):
     assert error == "heddle: error: no cost model file at no/such/profile.json\n"
     assert main(["simulate", "--workload-option", "oops", "--num-requests", "2"]) == 2
     assert "--workload-option wants KEY=VALUE" in capsys.readouterr().err
+
+
+def test_simulated_speculation_accepts_at_the_given_rate(capsys):
+    """`--speculation method=sim` takes its acceptance rate from the flags (it used to reject
+    every draft): more accepted drafts, fewer steps for the same outputs."""
+    steps = {}
+    for acceptance in (0.0, 0.8):
+        code = main(
+            ["simulate", "--workload", "chat", "--num-requests", "8", "--rate", "50",
+             "--workload-option", "length_scale=0.1", "--max-num-seqs", "8", "--no-progress",
+             "--speculation", "method=sim", "--speculation", f"acceptance={acceptance}",
+             "--speculation", "acceptance_spread=0", "--speculation", "adaptive=false"]
+        )  # fmt: skip
+        assert code == 0
+        out = capsys.readouterr().out
+        line = next(x for x in out.splitlines() if x.startswith("speculation:"))
+        drafted, accepted = int(line.split()[1]), int(line.split()[4])
+        assert drafted > 0
+        if acceptance == 0.0:
+            assert accepted == 0
+        else:
+            # Four drafts a step, each accepted at 0.8 given the ones before: 0.59 of them.
+            assert 0.5 < accepted / drafted < 0.68
+        steps[acceptance] = int(next(x for x in out.splitlines() if " steps, " in x)
+                                .split(" steps, ")[0].split()[-1])
+    assert steps[0.8] < 0.6 * steps[0.0]
