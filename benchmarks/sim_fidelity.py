@@ -1,17 +1,22 @@
 """Simulator fidelity: the real CPU engine vs the simulator on the same requests.
 
 1. Profile the real ModelExecutor as `heddle profile` does (the grid's corners plus random
-   steps like a running engine's, warm-up and repeats) and fit a `profiled` cost model; print
-   its self-check (error on held-out shapes, per kind of step).
+   steps like a running engine's, warm-up and repeats; then a few shapes back to back and
+   after sleeps of 1 ms .. 1 s, the idle warm-up) and fit a `profiled` cost model; print its
+   self-check (error on held-out shapes, per kind of step; the warm-up on held-out shapes).
 2. For each workload and load, `--runs` times: replay the requests on the real engine in real
    time (wall clock), logging every step's shape and duration; simulate the same requests
    (same arrival times, lengths, seeds) with the same Engine/Scheduler code on a virtual clock
-   with the fitted cost model.
+   with the fitted cost model, with its idle warm-up and without it (shape-only).
 3. Report predicted vs measured p50/p90/p99 TTFT, TPOT, E2E and output throughput (relative
    error, median over the runs), and the cost model's per-step error on the steps the real
    engine ran (per kind of step). `--retime N` also re-times N real step shapes in isolation,
    as the profiler does: how far that is from the real step says what the profiler's setting
    misses (as opposed to what the model's form misses).
+4. The idle-gap diagnosis: each real step's time over the back-to-back prediction for its
+   shape, binned by the idle gap before it (decode-only and steps with prefill apart); each
+   request's TTFT split into its wait before its first step and its first step(s), real vs
+   simulated.
 
 Run it on a quiet machine (the profile and the real runs must see the same machine):
 
@@ -39,10 +44,12 @@ from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
 from heddle.model.profiling import profile_executor, profile_model
+from heddle.model.profiling_idle import idle_shapes
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
 from heddle.sim.simulator import build_sim_engine, simulate
-from heddle.sim.step_error import step_errors
+from heddle.sim.step_error import bucket, step_errors
+from heddle.sim.warmup import BACK_TO_BACK_S, DEFAULT_GAPS_S
 from heddle.workloads import get_workload
 
 # (workload, generator options) scaled so a 2-core CPU serves them in tens of seconds.
@@ -51,6 +58,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "long-prompt-mix": {"length_scale": 0.2, "long_share": 0.1},
 }
 METRICS = ("ttft", "tpot", "e2e")
+GAP_EDGES_S = (0.0005, 0.002, 0.01, 0.1)  # bins of the idle gap before a real step
 QUANTILES = ("p50", "p90", "p99")
 
 
@@ -62,6 +70,20 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs
         ),
     )
+
+
+def cpu_model() -> str:
+    """The CPU's model name and its AVX-512 / AMX flags (from /proc/cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "cpu"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), "cpu")  # fmt: skip
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                  if ln.startswith("flags")), [])  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+    return f"{name}, {info.count('processor')} cpus, " + " ".join(f for f in wanted if f in flags)
 
 
 def compare(real: Any, sim: Any) -> dict[str, dict[str, float]]:
@@ -105,9 +127,8 @@ def retime(executor: Any, steps: list[tuple[StepShape, float]], count: int, voca
     print("\n".join(step_errors(_Lookup(timed), chosen).lines()))  # type: ignore[arg-type]
 
 
-def run_pair(
-    config: EngineConfig, executor: Any, cost: Any, workload: Any
-) -> tuple[dict[str, dict[str, float]], list[tuple[StepShape, float]], float]:
+def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> dict[str, Any]:
+    """One real run and its simulations (with and without the idle warm-up)."""
     vocab = executor.model_shape.vocab_size
     recorder = StepRecorder(executor)
     engine = Engine(
@@ -120,16 +141,62 @@ def run_pair(
         vocab_size=vocab,
     )
     real_run = replay(engine, workload, vocab_size=vocab)
-    sim = build_sim_engine(
-        config,
-        model=executor.model_shape,
-        cost_model=cost,
-        num_blocks=executor.num_blocks,
-        max_model_len=executor.max_model_len,
-    )
-    sim_run = simulate(workload, sim)
-    rows = compare(summarize(real_run.records), summarize(sim_run.records))
-    return rows, recorder.steps, real_run.elapsed
+    real = summarize(real_run.records)
+    out: dict[str, Any] = {"steps": recorder.steps, "gaps": recorder.gaps,
+                           "elapsed": real_run.elapsed}  # fmt: skip
+    for name, model in (("rows", cost), ("rows_shape_only", cost.with_warmup(None))):
+        sim = build_sim_engine(
+            config,
+            model=executor.model_shape,
+            cost_model=model,
+            num_blocks=executor.num_blocks,
+            max_model_len=executor.max_model_len,
+        )
+        sim_run = simulate(workload, sim)
+        out[name] = compare(real, summarize(sim_run.records))
+        if name == "rows":
+            out["ttft_parts"] = ttft_parts(real_run.records, sim_run.records)
+    return out
+
+
+def ttft_parts(real: list[Any], sim: list[Any]) -> dict[str, float]:
+    """Median ms of each request's wait before its first step and of its first schedule to
+    its first token, real and simulated."""
+    by_id = {r.request_id: r for r in sim}
+    parts: dict[str, list[float]] = {"real wait": [], "sim wait": [], "real first steps": [],
+                                     "sim first steps": []}  # fmt: skip
+    for r in real:
+        for who, rec in (("real", r), ("sim", by_id[r.request_id])):
+            if rec.first_scheduled_time is None or rec.first_token_time is None:
+                continue
+            parts[f"{who} wait"].append(rec.first_scheduled_time - rec.arrival_time)
+            parts[f"{who} first steps"].append(rec.first_token_time - rec.first_scheduled_time)
+    return {k: 1e3 * statistics.median(v) for k, v in parts.items() if v}
+
+
+def gap_bin(gap: float | None) -> str:
+    if gap is None:
+        return "first step"
+    low = 0.0
+    for edge in GAP_EDGES_S:
+        if gap < edge:
+            return f"{1e3 * low:g}-{1e3 * edge:g} ms"
+        low = edge
+    return f">={1e3 * low:g} ms"
+
+
+def by_gap(
+    cost: Any, steps: list[tuple[StepShape, float]], gaps: list[float | None]
+) -> dict[str, list[float]]:
+    """Per (kind of step, idle-gap bin): [steps, median measured / back-to-back prediction]."""
+    ratios: dict[str, list[float]] = {}
+    shape_only = cost.with_warmup(None)
+    for (shape, seconds), gap in zip(steps, gaps, strict=True):
+        kind = "with prefill" if shape.prefill_chunks else "decode only"
+        ratios.setdefault(f"{kind:12s} gap {gap_bin(gap)}", []).append(
+            seconds / shape_only.step_time(shape)
+        )
+    return {k: [len(v), statistics.median(v)] for k, v in sorted(ratios.items())}
 
 
 def main() -> None:
@@ -144,6 +211,12 @@ def main() -> None:
     parser.add_argument("--num-mixed", type=int, default=96, help="mixed steps profiled")
     parser.add_argument("--runs", type=int, default=3, help="real + simulated runs of each case")
     parser.add_argument("--output", default="results/sim_fidelity.json")
+    parser.add_argument("--idle-repeats", type=int, default=3,
+                        help="rounds of the idle warm-up's measurement")
+    parser.add_argument(
+        "--no-idle", action="store_true",
+        help="profile no idle warm-up (the shape-only model of the earlier runs)",
+    )
     parser.add_argument(
         "--retime", type=int, default=0,
         help="re-time this many of each case's real step shapes in isolation (diagnosis)",
@@ -152,6 +225,7 @@ def main() -> None:
 
     config = engine_config(args)
     executor = ModelExecutor(config.model, config.cache)
+    idle_shape_names = [bucket(s) for s in idle_shapes(args.budget, args.max_num_seqs)]
     vocab = executor.model_shape.vocab_size
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}"
     started = time.perf_counter()
@@ -164,16 +238,34 @@ def main() -> None:
         repeats=args.repeats,
         seed=args.seed,
         machine=machine,
+        idle_gaps=None if args.no_idle else DEFAULT_GAPS_S,
+        idle_repeats=args.idle_repeats,
     )
     fit = cost.metadata.fit
     print(f"profiled {cost.metadata.extra['num_shapes']} shapes in "
-          f"{time.perf_counter() - started:.0f} s ({executor.dtype})")  # fmt: skip
+          f"{time.perf_counter() - started:.0f} s ({executor.dtype}, quantization "
+          f"{executor.quantization})")  # fmt: skip
     if fit is not None:
         print("\n".join(fit.lines()))
+    idle = cost.metadata.extra.get("idle")
+    if cost.warmup is not None and idle is not None:
+        print("\n".join(cost.warmup.lines()))
+        print("after an idle gap / back to back, per idle shape (median):")
+        for index, (base, *ratios) in idle["per_shape_base_s_and_ratio"].items():
+            after = zip(idle["gaps"], ratios, strict=True)
+            print(f"  {idle_shape_names[int(index)]:22s} back to back {1e3 * base:7.2f} ms; "
+                  + ", ".join(f"{1e3 * g:g} ms: {r:.3f}x" for g, r in after))
+        print(f"  held-out shapes' after-idle |error|: median "
+              f"{100 * idle['held_out_median_abs_with']:.1f}% with the warm-up, "
+              f"{100 * idle['held_out_median_abs_without']:.1f}% without")  # fmt: skip
 
     results: dict[str, Any] = {
         "machine": machine,
+        "cpu": cpu_model(),
         "dtype": str(executor.dtype),
+        "quantization": executor.quantization,
+        "idle_warmup": None if cost.warmup is None else cost.warmup.to_json(),
+        "idle_check": idle,
         "num_requests": args.num_requests,
         "runs_per_case": args.runs,
         "profile": cost.coefficients,
@@ -181,53 +273,80 @@ def main() -> None:
         "cases": [],
     }
     all_steps: list[tuple[StepShape, float]] = []
+    all_gaps: list[float | None] = []
     for name, options in WORKLOADS.items():
         for rate in (float(r) for r in args.rates.split(",")):
             workload = get_workload(
                 name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
             )
-            runs, steps = [], []
+            runs, steps, gaps, parts = [], [], [], []
             for _ in range(args.runs):
-                rows, run_steps, elapsed = run_pair(config, executor, cost, workload)
-                runs.append(rows)
-                steps.extend(run_steps)
-                print(f"{name} @ {rate}: real run {elapsed:.1f} s, {len(run_steps)} steps")
-            median = {m: statistics.median(r[m]["rel_error"] for r in runs) for m in runs[0]}
-            per_step = step_errors(cost, steps)
+                pair = run_pair(config, executor, cost, workload)
+                runs.append(pair)
+                steps.extend(pair["steps"])
+                gaps.extend(pair["gaps"])
+                parts.append(pair["ttft_parts"])
+                print(f"{name} @ {rate}: real run {pair['elapsed']:.1f} s, "
+                      f"{len(pair['steps'])} steps")  # fmt: skip
+            median = {
+                key: {m: statistics.median(r[key][m]["rel_error"] for r in runs)
+                      for m in runs[0][key]}
+                for key in ("rows", "rows_shape_only")
+            }  # fmt: skip
+            per_step = step_errors(cost.with_warmup(None), steps)
+            gap_ratios = by_gap(cost, steps, gaps)
             all_steps.extend(steps)
+            all_gaps.extend(gaps)
             results["cases"].append(
                 {
                     "workload": name,
                     "rate": rate,
                     "options": options,
-                    "runs": runs,
-                    "median_rel_error": median,
+                    "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts")}
+                             for r in runs],
+                    "median_rel_error": median["rows"],
+                    "median_rel_error_shape_only": median["rows_shape_only"],
                     "step_error": {
                         b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
                         for b in [per_step.overall, *per_step.buckets]
                     },
+                    "by_gap": gap_ratios,
+                    "ttft_parts_ms": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
                 }
-            )
+            )  # fmt: skip
             print(f"\n{name} @ {rate} req/s, {args.runs} runs of {args.num_requests} requests")
-            print(f"{'metric':14s} {'measured':>10s} {'simulated':>10s} {'median error':>13s}")
-            for metric in median:
-                measured = statistics.median(r[metric]["measured"] for r in runs)
-                predicted = runs[0][metric]["predicted"]
+            print(f"{'metric':14s} {'measured':>10s} {'simulated':>10s} {'median error':>13s} "
+                  f"{'shape-only':>11s}")  # fmt: skip
+            for metric in median["rows"]:
+                measured = statistics.median(r["rows"][metric]["measured"] for r in runs)
+                predicted = runs[0]["rows"][metric]["predicted"]
                 print(f"{metric:14s} {measured:10.4f} {predicted:10.4f} "
-                      f"{100 * median[metric]:12.1f}%")  # fmt: skip
-            print("per-step error of the cost model on the real steps:")
+                      f"{100 * median['rows'][metric]:12.1f}% "
+                      f"{100 * median['rows_shape_only'][metric]:10.1f}%")  # fmt: skip
+            print("per-step error of the (shape-only) cost model on the real steps:")
             print("\n".join(per_step.lines()))
+            print("real step / back-to-back prediction, by the idle gap before the step:")
+            for key, (count, ratio) in gap_ratios.items():
+                print(f"  {key:36s} {int(count):5d} steps  median {ratio:.3f}")
+            print("TTFT parts, median ms: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
             if args.retime:
                 retime(executor, steps, args.retime, vocab)
-    overall = step_errors(cost, all_steps).overall
+    overall = step_errors(cost.with_warmup(None), all_steps).overall
+    idle_steps = [(s, t) for (s, t), g in zip(all_steps, all_gaps, strict=True)
+                  if g is None or g > BACK_TO_BACK_S]  # fmt: skip
     results["step_error_all"] = [overall.num_steps, overall.median_abs, overall.p90_abs]
+    results["after_idle_signed_median"] = {
+        "shape_only": step_errors(cost.with_warmup(None), idle_steps).overall.median_signed,
+    } if idle_steps else {}  # fmt: skip
     print(f"\nall real steps: {overall.num_steps}, |error| median "
           f"{100 * overall.median_abs:.1f}%, p90 {100 * overall.p90_abs:.1f}%")  # fmt: skip
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
     steps_path = Path(args.output).with_suffix(".steps.json")
     save_steps(steps_path, all_steps, {"dtype": str(executor.dtype),
-                                       "model": executor.model_name, "machine": machine})  # fmt: skip
+                                       "model": executor.model_name, "machine": machine},
+               gaps=all_gaps)  # fmt: skip
     print(f"wrote {args.output} and {steps_path} ({len(all_steps)} real steps)")
 
 

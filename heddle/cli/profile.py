@@ -4,10 +4,12 @@
     heddle profile --record-run run.json --workload chat --rate 2 --num-requests 30
     heddle profile --from-run run.json --output profile.json   # fit to your own traffic
 
-The shapes and the timing are heddle/model/profiling.py; a real run's steps are logged by
-heddle/model/step_log.py; the fit and its self-check (error on held-out shapes, per kind of
-step) are heddle/sim/profiled.py. The resulting JSON is what `heddle simulate --cost-model`
-reads; it records the range of shapes it measured, and the simulator warns outside it.
+The shapes and the timing are heddle/model/profiling.py (the idle warm-up: a few shapes after
+sleeps, heddle/model/profiling_idle.py; from a run: the steps after idle gaps); a real run's
+steps are logged by heddle/model/step_log.py; the fit and its self-check (error on held-out
+shapes, per kind of step) are heddle/sim/profiled.py. The resulting JSON is what `heddle
+simulate --cost-model` reads; it records the range of shapes it measured, and the simulator
+warns outside it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--held-out", type=float, default=0.25,
         help="share of the measured shapes left out of a fit to check it (0: no check)",
     )
+    p.add_argument(
+        "--idle-gaps", default="1,10,100,1000", metavar="MS,MS,...",
+        help="idle gaps (ms) after which a few shapes are timed again, for the idle warm-up "
+        "the simulator adds to a step after a wait; 'none': no warm-up",
+    )
     p.add_argument("--from-run", default=None, metavar="RUN.json",
                    help="fit to the steps of a recorded real run instead of timing shapes")
     p.add_argument("--record-run", default=None, metavar="RUN.json",
@@ -51,9 +58,26 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.processor() or ''}".strip()
 
 
+def _idle_gaps(text: str) -> tuple[float, ...] | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        gaps = tuple(sorted(float(g) / 1e3 for g in text.split(",")))
+    except ValueError:
+        raise HeddleError(f"--idle-gaps: comma-separated milliseconds, got {text!r}") from None
+    from heddle.sim.warmup import BACK_TO_BACK_S
+
+    if not gaps or gaps[0] <= BACK_TO_BACK_S or len(set(gaps)) != len(gaps):
+        raise HeddleError(
+            f"--idle-gaps: distinct gaps over {1e3 * BACK_TO_BACK_S:g} ms, got {text!r}"
+        )
+    return gaps
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     if not 0.0 <= args.held_out < 1.0:
         raise HeddleError(f"--held-out must be in [0, 1), got {args.held_out}")
+    args.idle_gaps = _idle_gaps(args.idle_gaps)
     if args.from_run:
         return _fit_from_run(args)
     from heddle.model.executor import ModelExecutor
@@ -65,14 +89,18 @@ def run_from_args(args: argparse.Namespace) -> int:
     return _profile(args, config, executor)
 
 
-def _fit_and_save(args: argparse.Namespace, samples: list[Any], **metadata: Any) -> int:
-    from heddle.sim.profiled import fit_profile
-
-    fitted = fit_profile(samples, held_out=args.held_out, **metadata)
-    fitted.save(args.output)
+def _report(fitted: Any, output: str) -> int:
+    fitted.save(output)
     if fitted.metadata.fit is not None:
         print("\n".join(fitted.metadata.fit.lines()))
-    print(f"wrote {args.output}")
+    if fitted.warmup is not None:
+        print("\n".join(fitted.warmup.lines()))
+        check = fitted.metadata.extra.get("idle") or {}
+        if "held_out_median_abs_with" in check:
+            print(f"held-out steps after an idle gap: median |error| "
+                  f"{100 * check['held_out_median_abs_with']:.1f}% with the warm-up, "
+                  f"{100 * check['held_out_median_abs_without']:.1f}% without")  # fmt: skip
+    print(f"wrote {output}")
     return 0
 
 
@@ -95,28 +123,40 @@ def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
         held_out=args.held_out,
         seed=args.seed,
         machine=_machine(),
+        idle_gaps=args.idle_gaps,
     )
-    fitted.save(args.output)
-    if fitted.metadata.fit is not None:
-        print("\n".join(fitted.metadata.fit.lines()))
-    print(f"wrote {args.output}")
-    return 0
+    return _report(fitted, args.output)
 
 
 def _fit_from_run(args: argparse.Namespace) -> int:
-    from heddle.model.step_log import load_steps
+    """Fit the step prices to the run's back-to-back steps (all of them when it has too few),
+    then the idle warm-up to the steps after idle gaps, when the log has their gaps."""
+    from heddle.model.step_log import load_step_gaps, load_steps
+    from heddle.sim.profiled import FEATURES, fit_profile
+    from heddle.sim.warmup import BACK_TO_BACK_S, fit_warmup_from_run
 
     steps, metadata = load_steps(args.from_run)
+    gaps = load_step_gaps(args.from_run)
     print(f"fitting to {len(steps)} steps of {args.from_run}")
-    return _fit_and_save(
-        args,
-        steps,
+    back_to_back = [s for s, g in zip(steps, gaps, strict=True)
+                    if g is not None and g <= BACK_TO_BACK_S]  # fmt: skip
+    warm = args.idle_gaps is not None and len(back_to_back) >= 4 * len(FEATURES)
+    extra = {k: v for k, v in metadata.items() if k not in {"model", "dtype", "machine"}}
+    fitted = fit_profile(
+        back_to_back if warm else steps,
+        held_out=args.held_out,
         model=metadata.get("model"),
         dtype=metadata.get("dtype"),
         machine=metadata.get("machine"),
-        extra={k: v for k, v in metadata.items() if k not in {"model", "dtype", "machine"}}
-        | {"source": str(args.from_run)},
+        extra=extra | {"source": str(args.from_run)},
     )
+    if warm and len(back_to_back) < len(steps) - 1:
+        warmup, check = fit_warmup_from_run(fitted, steps, gaps, args.idle_gaps)
+        fitted.metadata.extra["idle"] = check
+        fitted = fitted.with_warmup(warmup)
+    elif args.idle_gaps is not None:
+        print("no idle warm-up: the log records too few idle gaps (an older log?)")
+    return _report(fitted, args.output)
 
 
 def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:
@@ -147,7 +187,8 @@ def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:
     save_steps(
         args.record_run,
         recorder.steps,
-        {
+        gaps=recorder.gaps,
+        metadata={
             "model": executor.model_name,
             "dtype": str(executor.dtype),
             "machine": _machine(),

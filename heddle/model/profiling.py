@@ -20,6 +20,7 @@ from heddle.errors import HeddleError
 from heddle.request import SamplingParams
 from heddle.sim.cost_model import StepShape
 from heddle.sim.profiled import ProfiledCostModel, fit_profile
+from heddle.sim.warmup import DEFAULT_GAPS_S
 
 ExecuteFn = Callable[[SchedulerOutput], ExecutorOutput]
 
@@ -246,11 +247,15 @@ def profile_model(
     held_out: float = 0.25,
     seed: int = 0,
     machine: str | None = None,
+    idle_gaps: Sequence[float] | None = DEFAULT_GAPS_S,
+    idle_repeats: int = 3,
 ) -> ProfiledCostModel:
     """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
     `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
     `num_mixed` steps like a running engine's, and fit a cost model checked on a held-out
-    share of them (its report: `.metadata.fit.lines()`)."""
+    share of them (its report: `.metadata.fit.lines()`). With `idle_gaps`, also time
+    `idle_shapes` after sleeps of those seconds and fit the idle warm-up (its check:
+    `.metadata.extra["idle"]`)."""
     limits = dict(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
@@ -269,13 +274,30 @@ def profile_model(
         num_blocks=executor.num_blocks,
         vocab_size=executor.model_shape.vocab_size,
     )
-    return fit_profile(
+    extra: dict[str, Any] = {}
+    idle_warmup = None
+    if idle_gaps:
+        from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
+
+        idle = profile_idle(
+            executor.execute,
+            idle_shapes(max_num_batched_tokens, max_num_seqs),
+            executor.block_size,
+            idle_gaps,
+            idle_repeats,
+            num_blocks=executor.num_blocks,
+            vocab_size=executor.model_shape.vocab_size,
+        )
+        idle_warmup, extra["idle"] = fit_idle(idle, idle_gaps)
+    fitted = fit_profile(
         samples,
         model=executor.model_name,
         dtype=str(executor.dtype),
         machine=machine,
         extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size,
-               "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup, **limits},
+               "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup, **limits,
+               **extra},
         held_out=held_out,
         seed=seed,
     )
+    return fitted.with_warmup(idle_warmup)

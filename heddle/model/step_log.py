@@ -2,15 +2,18 @@
 
 `StepRecorder` wraps any executor (`execute(SchedulerOutput) -> ExecutorOutput`) and keeps
 (StepShape, seconds) for each non-empty step, seconds as the executor measured them
-(`ExecutorOutput.step_duration`). Saved as JSON, a log is what `heddle profile --from-run`
-fits a cost model to, and what `benchmarks/sim_fidelity.py` compares the cost model against:
-the steps the engine really ran, not a grid's guess at them. Torch-free.
+(`ExecutorOutput.step_duration`), and the idle gap before it (wall seconds since the previous
+step returned; None for the first), from which `--from-run` fits the idle warm-up. Saved as
+JSON, a log is what `heddle profile --from-run` fits a cost model to, and what
+`benchmarks/sim_fidelity.py` compares the cost model against: the steps the engine
+really ran, not a grid's guess at them. Torch-free.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +31,17 @@ class StepRecorder:
     def __init__(self, executor: Any) -> None:
         self.executor = executor
         self.steps: list[StepSample] = []
+        self.gaps: list[float | None] = []  # idle seconds before each of `steps`
+        self._last_end: float | None = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
+        start = time.perf_counter()
         output = self.executor.execute(scheduler_output)
         shape = StepShape.from_scheduler_output(scheduler_output)
         if not shape.is_empty:
             self.steps.append((shape, output.step_duration))
+            self.gaps.append(None if self._last_end is None else start - self._last_end)
+            self._last_end = time.perf_counter()
         return output
 
     def __getattr__(self, name: str) -> Any:
@@ -67,9 +75,19 @@ def shape_from_json(data: dict[str, Any]) -> StepShape:
 
 
 def save_steps(
-    path: str | Path, steps: Iterable[StepSample], metadata: dict[str, Any] | None = None
+    path: str | Path,
+    steps: Iterable[StepSample],
+    metadata: dict[str, Any] | None = None,
+    gaps: Sequence[float | None] | None = None,
 ) -> None:
+    """Write a step log; `gaps` (one per step: idle seconds before it, None unknown) are kept
+    as each row's "idle_before"."""
     rows = [{**shape_to_json(shape), "seconds": seconds} for shape, seconds in steps]
+    if gaps is not None:
+        if len(gaps) != len(rows):
+            raise ValueError(f"{len(gaps)} gaps for {len(rows)} steps")
+        for row, gap in zip(rows, gaps, strict=True):
+            row["idle_before"] = gap
     data = {"format": FORMAT, "metadata": dict(metadata or {}), "steps": rows}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data) + "\n")
@@ -88,3 +106,13 @@ def load_steps(path: str | Path) -> tuple[list[StepSample], dict[str, Any]]:
     except (KeyError, TypeError, ValueError) as e:
         raise HeddleError(f"{path}: malformed step row: {e}") from e
     return steps, dict(data.get("metadata") or {})
+
+
+def load_step_gaps(path: str | Path) -> list[float | None]:
+    """The idle gap before each step of a log (None where it was not recorded)."""
+    data = json.loads(Path(path).read_text())
+    try:
+        return [None if row.get("idle_before") is None else float(row["idle_before"])
+                for row in data["steps"]]  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise HeddleError(f"{path}: malformed idle_before: {e}") from e

@@ -171,6 +171,16 @@ class CostModel(abc.ABC):
     def step_time(self, shape: StepShape) -> float:
         """Seconds the step takes; never negative."""
 
+    def idle_time(self, gap: float | None) -> float:
+        """Extra seconds of a step that follows `gap` seconds with nothing running (None: the
+        first step); 0 unless the model measured an idle warm-up (heddle.sim.warmup)."""
+        return 0.0
+
+    @property
+    def charges_idle(self) -> bool:
+        """Whether `idle_time` can be non-zero (the simulated executor skips it otherwise)."""
+        return False
+
     def describe(self) -> str:
         """One line for logs and reports: what the model is and what it models."""
         return type(self).__name__

@@ -63,11 +63,15 @@ class SimulatedExecutor:
         self.seed = seed
         self._requests: dict[str, _SimRequest] = {}
         self.acceptance = acceptance or SimAcceptance(0.0)
+        # The idle warm-up (heddle.sim.warmup): a step after a wait on the clock costs more.
+        self._charges_idle = cost_model.charges_idle
+        self._last_end: float | None = None
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         """Advance the clock by the step's predicted time and sample one token per sampler.
 
-        An empty step takes no time: nothing runs on the device.
+        An empty step takes no time: nothing runs on the device. A step after a wait on the
+        clock (or the first step) adds the cost model's idle warm-up.
         """
         so = scheduler_output
         requests = self._requests
@@ -81,6 +85,11 @@ class SimulatedExecutor:
         duration = 0.0
         if so.request_ids:
             duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
+            if self._charges_idle:
+                now = self.clock.now()
+                last = self._last_end
+                duration += self.cost_model.idle_time(None if last is None else now - last)
+                self._last_end = now + duration
             self.clock.advance(duration)
         sampled: list[Sequence[int]] = []
         append = sampled.append

@@ -11,6 +11,9 @@ the matmuls are compute-bound, as a CPU or GPU step is (a straight line through 
 over-predicts the small steps of a light load). `prefill_chunks` is the fixed cost of each
 multi-token request (its own attention call, mask and gather in every layer).
 
+A step that follows an idle wait also pays the profile's idle warm-up (heddle.sim.warmup),
+measured by timing shapes after sleeps: `idle_time(gap)`.
+
 The fit reports its error on held-out samples by kind of step (heddle.sim.step_error), and
 the model knows the range of shapes it was measured on (`Coverage`): it counts the steps it
 is asked about outside that range, which `heddle simulate` reports as a warning.
@@ -32,6 +35,7 @@ from heddle.errors import HeddleError
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.nnls import nnls
 from heddle.sim.step_error import step_errors
+from heddle.sim.warmup import IdleWarmup
 
 TOKEN_KNOTS = (32, 128)
 FEATURES = (
@@ -155,7 +159,12 @@ class ProfileMetadata:
 
 
 class ProfiledCostModel(CostModel):
-    def __init__(self, coefficients: dict[str, float], metadata: ProfileMetadata | None = None):
+    def __init__(
+        self,
+        coefficients: dict[str, float],
+        metadata: ProfileMetadata | None = None,
+        warmup: IdleWarmup | None = None,
+    ):
         unknown = sorted(set(coefficients) - set(FEATURES))
         if unknown:
             raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(FEATURES)}")
@@ -163,6 +172,7 @@ class ProfiledCostModel(CostModel):
             raise HeddleError(f"profile coefficients must be non-negative: {coefficients}")
         self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in FEATURES}
         self.metadata = metadata or ProfileMetadata()
+        self.warmup = warmup
         self._weights = tuple(self.coefficients[name] for name in FEATURES)
         self._coverage = self.metadata.coverage
         self.num_steps = 0  # steps predicted
@@ -181,6 +191,17 @@ class ProfiledCostModel(CostModel):
                     self.first_outside = miss
         return sum(w * x for w, x in zip(self._weights, features(shape), strict=True))
 
+    def idle_time(self, gap: float | None) -> float:
+        return 0.0 if self.warmup is None else self.warmup.time(gap)
+
+    @property
+    def charges_idle(self) -> bool:
+        return self.warmup is not None and any(self.warmup.extra)
+
+    def with_warmup(self, warmup: IdleWarmup | None) -> ProfiledCostModel:
+        """The same step prices with another idle warm-up (None: none)."""
+        return ProfiledCostModel(self.coefficients, self.metadata, warmup)
+
     def coverage_warning(self) -> str | None:
         """One line when some predicted steps lay outside what the profile measured."""
         if not self.num_outside:
@@ -195,14 +216,17 @@ class ProfiledCostModel(CostModel):
 
     def describe(self) -> str:
         m = self.metadata
-        return f"profiled({m.model or '?'} {m.dtype or '?'}, {m.machine or '?'})"
+        idle = ", idle warm-up" if self.charges_idle else ""
+        return f"profiled({m.model or '?'} {m.dtype or '?'}, {m.machine or '?'}{idle})"
 
     def save(self, path: str | Path) -> None:
-        data = {
+        data: dict[str, Any] = {
             "format": FORMAT,
             "coefficients": self.coefficients,
             "metadata": asdict(self.metadata),
         }
+        if self.warmup is not None:
+            data["idle_warmup"] = self.warmup.to_json()
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
     @classmethod
@@ -224,7 +248,9 @@ class ProfiledCostModel(CostModel):
             )
         except TypeError as e:
             raise HeddleError(f"{path}: malformed profile metadata: {e}") from e
-        return cls(data["coefficients"], metadata)
+        warmup = data.get("idle_warmup")
+        return cls(data["coefficients"], metadata,
+                   IdleWarmup.from_json(warmup) if warmup else None)  # fmt: skip
 
 
 def _solve(samples: Sequence[tuple[StepShape, float]]) -> np.ndarray:

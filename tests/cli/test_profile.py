@@ -3,6 +3,8 @@ the fit reads a step log, the simulator a profile)."""
 
 from __future__ import annotations
 
+import pytest
+
 from heddle.cli.main import main
 from heddle.model.profiling import profile_grid, profile_shapes
 from heddle.model.step_log import save_steps
@@ -43,3 +45,26 @@ def test_simulate_warns_when_steps_leave_the_profile(tmp_path, capsys):
     assert main([*args, "--max-num-batched-tokens", "64", "--max-num-seqs", "4",
                  "--max-model-len", "256"]) == 0  # fmt: skip
     assert "warning" not in capsys.readouterr().err
+
+
+def test_profile_from_run_fits_the_idle_warmup_to_the_steps_after_a_gap(tmp_path, capsys):
+    truth = ProfiledCostModel(TRUE)
+    shapes = profile_grid(64, 8, 512) + profile_shapes(64, 8, 512, num_shapes=60)
+    # Every third step follows 100 ms of idle and pays 6 ms more; the rest run back to back.
+    gaps = [0.1 if i % 3 == 0 else 0.0002 for i in range(len(shapes))]
+    times = [truth.step_time(s) + (0.006 if g > 0.01 else 0.0)
+             for s, g in zip(shapes, gaps, strict=True)]  # fmt: skip
+    run, out = tmp_path / "run.json", tmp_path / "profile.json"
+    save_steps(run, list(zip(shapes, times, strict=True)), {}, gaps=gaps)
+    assert main(["profile", "--from-run", str(run), "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "idle warm-up" in printed and "with the warm-up" in printed
+    fitted = ProfiledCostModel.load(out)
+    assert fitted.warmup is not None and fitted.idle_time(0.1) == pytest.approx(0.006, rel=0.05)
+    assert fitted.idle_time(0.0002) == 0.0
+    check = fitted.metadata.extra["idle"]
+    assert check["held_out_median_abs_with"] < 0.02 < check["held_out_median_abs_without"]
+    # The shape prices come from the back-to-back steps: the warm-up did not leak into them.
+    assert fitted.step_time(shapes[1]) == pytest.approx(truth.step_time(shapes[1]), rel=0.02)
+    assert main(["profile", "--from-run", str(run), "--idle-gaps", "0.1,x"]) == 2
+    assert "--idle-gaps" in capsys.readouterr().err

@@ -62,3 +62,24 @@ def test_bad_logs_are_clear_errors(tmp_path):
     path.write_text(json.dumps({"format": "heddle-step-log/1", "steps": [{"decode": 2}]}))
     with pytest.raises(HeddleError, match="malformed step row"):
         load_steps(path)
+
+
+def test_recorder_keeps_the_idle_gap_before_each_step_and_the_log_keeps_it(tmp_path):
+    import time
+
+    from heddle.model.step_log import load_step_gaps
+
+    recorder = StepRecorder(_Executor())
+    recorder.execute(build_scheduler_output(StepShape((), (7,)), 0, 16))
+    recorder.execute(SchedulerOutput(step_id=1))  # an empty step: not a step, not a gap
+    time.sleep(0.02)
+    recorder.execute(build_scheduler_output(StepShape((), (8,)), 2, 16))
+    assert len(recorder.gaps) == 2 and recorder.gaps[0] is None
+    assert 0.02 <= recorder.gaps[1] < 1.0
+    path = tmp_path / "run.json"
+    save_steps(path, recorder.steps, {}, gaps=recorder.gaps)
+    assert load_step_gaps(path) == recorder.gaps
+    save_steps(path, recorder.steps)
+    assert load_step_gaps(path) == [None, None]
+    with pytest.raises(ValueError, match="1 gaps for 2 steps"):
+        save_steps(path, recorder.steps, gaps=[0.1])
