@@ -44,7 +44,7 @@ from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
 from heddle.model.profiling import profile_executor, profile_model
-from heddle.model.profiling_idle import idle_shapes
+from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
 from heddle.sim.simulator import build_sim_engine, simulate
@@ -199,6 +199,17 @@ def by_gap(
     return {k: [len(v), statistics.median(v)] for k, v in sorted(ratios.items())}
 
 
+def print_idle(idle: dict[str, Any], names: list[str]) -> None:
+    print("after an idle gap / back to back, per idle shape (median):")
+    for index, (base, *ratios) in idle["per_shape_base_s_and_ratio"].items():
+        after = zip(idle["gaps"], ratios, strict=True)
+        print(f"  {names[int(index)]:22s} back to back {1e3 * base:7.2f} ms; "
+              + ", ".join(f"{1e3 * g:g} ms: {r:.3f}x" for g, r in after))
+    print(f"  held-out shapes' after-idle |error|: median "
+          f"{100 * idle['held_out_median_abs_with']:.1f}% with the warm-up, "
+          f"{100 * idle['held_out_median_abs_without']:.1f}% without")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=30)
@@ -213,6 +224,8 @@ def main() -> None:
     parser.add_argument("--output", default="results/sim_fidelity.json")
     parser.add_argument("--idle-repeats", type=int, default=3,
                         help="rounds of the idle warm-up's measurement")
+    parser.add_argument("--idle-one-thread", action="store_true",
+                        help="also measure the idle warm-up with 1 torch thread (diagnosis)")
     parser.add_argument(
         "--no-idle", action="store_true",
         help="profile no idle warm-up (the shape-only model of the earlier runs)",
@@ -250,14 +263,24 @@ def main() -> None:
     idle = cost.metadata.extra.get("idle")
     if cost.warmup is not None and idle is not None:
         print("\n".join(cost.warmup.lines()))
-        print("after an idle gap / back to back, per idle shape (median):")
-        for index, (base, *ratios) in idle["per_shape_base_s_and_ratio"].items():
-            after = zip(idle["gaps"], ratios, strict=True)
-            print(f"  {idle_shape_names[int(index)]:22s} back to back {1e3 * base:7.2f} ms; "
-                  + ", ".join(f"{1e3 * g:g} ms: {r:.3f}x" for g, r in after))
-        print(f"  held-out shapes' after-idle |error|: median "
-              f"{100 * idle['held_out_median_abs_with']:.1f}% with the warm-up, "
-              f"{100 * idle['held_out_median_abs_without']:.1f}% without")  # fmt: skip
+        print_idle(idle, idle_shape_names)
+    one_thread = None
+    if args.idle_one_thread and idle is not None:
+        # Worker threads that fell asleep, or the machine (caches, clocks)? One thread has no
+        # worker to wake: if the warm-up stays, it is not the thread pool's.
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        shapes = idle_shapes(args.budget, args.max_num_seqs)
+        samples = profile_idle(executor.execute, shapes, executor.block_size, DEFAULT_GAPS_S,
+                               args.idle_repeats, num_blocks=executor.num_blocks,
+                               vocab_size=vocab)  # fmt: skip
+        torch.set_num_threads(threads)
+        one_warmup, one_thread = fit_idle(samples, DEFAULT_GAPS_S)
+        print(f"the same with 1 torch thread (was {threads}): "
+              + one_warmup.lines()[0].split(": ", 1)[1])
+        print_idle(one_thread, idle_shape_names)
 
     results: dict[str, Any] = {
         "machine": machine,
@@ -266,6 +289,7 @@ def main() -> None:
         "quantization": executor.quantization,
         "idle_warmup": None if cost.warmup is None else cost.warmup.to_json(),
         "idle_check": idle,
+        "idle_check_one_thread": one_thread,
         "num_requests": args.num_requests,
         "runs_per_case": args.runs,
         "profile": cost.coefficients,
@@ -295,6 +319,8 @@ def main() -> None:
             }  # fmt: skip
             per_step = step_errors(cost.with_warmup(None), steps)
             gap_ratios = by_gap(cost, steps, gaps)
+            # The engine's own time between two steps with no wait between them.
+            between = [g for g in gaps if g is not None and g < GAP_EDGES_S[1]]
             all_steps.extend(steps)
             all_gaps.extend(gaps)
             results["cases"].append(
@@ -311,6 +337,7 @@ def main() -> None:
                         for b in [per_step.overall, *per_step.buckets]
                     },
                     "by_gap": gap_ratios,
+                    "between_steps_ms": 1e3 * statistics.median(between) if between else None,
                     "ttft_parts_ms": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
                 }
             )  # fmt: skip
@@ -328,6 +355,9 @@ def main() -> None:
             print("real step / back-to-back prediction, by the idle gap before the step:")
             for key, (count, ratio) in gap_ratios.items():
                 print(f"  {key:36s} {int(count):5d} steps  median {ratio:.3f}")
+            if between:
+                print(f"engine time between back-to-back steps: median "
+                      f"{1e3 * statistics.median(between):.3f} ms")  # fmt: skip
             print("TTFT parts, median ms: " + ", ".join(
                 f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
             if args.retime:
