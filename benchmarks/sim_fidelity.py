@@ -30,6 +30,7 @@ fits a model to them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -210,6 +211,48 @@ def print_idle(idle: dict[str, Any], names: list[str]) -> None:
           f"{100 * idle['held_out_median_abs_without']:.1f}% without")  # fmt: skip
 
 
+def resimulate(results_path: str, cost_model_path: str) -> None:
+    """Simulate a saved run's cases again with another cost model (e.g. one fit by `heddle
+    profile --from-run` to that run's steps) against the real runs' saved measurements."""
+    from heddle.model_shape import ModelShape
+    from heddle.sim.profiled import ProfiledCostModel
+
+    saved = json.loads(Path(results_path).read_text())
+    cost = ProfiledCostModel.load(cost_model_path)
+    config = EngineConfig(
+        model=ModelConfig(dtype="float32"),  # unused: the simulator reads the model's shape
+        cache=CacheConfig(block_size=16, kv_cache_memory_gb=0.5),
+        scheduler=SchedulerConfig(max_num_batched_tokens=saved["budget"],
+                                  max_num_seqs=saved["max_num_seqs"]),
+    )  # fmt: skip
+    shape = ModelShape(**saved["model_shape"])
+    print(f"{results_path} re-simulated with {cost_model_path} ({cost.describe()})")
+    for case in saved["cases"]:
+        workload = get_workload(case["workload"], seed=saved["seed"],
+                                num_requests=saved["num_requests"], rate=case["rate"],
+                                **case["options"])  # fmt: skip
+        sim = build_sim_engine(config, model=shape, cost_model=cost,
+                               num_blocks=saved["num_blocks"],
+                               max_model_len=saved["max_model_len"])  # fmt: skip
+        summary = summarize(simulate(workload, sim).records)
+        errors = {}
+        for metric in case["runs"][0]["rows"]:
+            predicted = _summary_value(summary, metric)
+            errors[metric] = statistics.median(
+                _row(run["rows"][metric]["measured"], predicted)["rel_error"]
+                for run in case["runs"]
+            )
+        print(f"{case['workload']} @ {case['rate']}: " + ", ".join(
+            f"{m} {100 * e:+.1f}%" for m, e in errors.items()))
+
+
+def _summary_value(summary: Any, metric: str) -> float:
+    if metric == "output tok/s":
+        return float(summary.overall.output_throughput)
+    name, q = metric.split()
+    return float(getattr(getattr(summary.overall, name), q))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=30)
@@ -234,7 +277,15 @@ def main() -> None:
         "--retime", type=int, default=0,
         help="re-time this many of each case's real step shapes in isolation (diagnosis)",
     )  # fmt: skip
+    parser.add_argument("--resimulate", default=None, metavar="RESULTS.json",
+                        help="no real runs: simulate this saved run's cases with --cost-model")
+    parser.add_argument("--cost-model", default=None, metavar="PROFILE.json")
     args = parser.parse_args()
+    if args.resimulate:
+        if not args.cost_model:
+            parser.error("--resimulate needs --cost-model")
+        resimulate(args.resimulate, args.cost_model)
+        return
 
     config = engine_config(args)
     executor = ModelExecutor(config.model, config.cache)
@@ -291,6 +342,12 @@ def main() -> None:
         "idle_check": idle,
         "idle_check_one_thread": one_thread,
         "num_requests": args.num_requests,
+        "budget": args.budget,
+        "max_num_seqs": args.max_num_seqs,
+        "seed": args.seed,
+        "num_blocks": executor.num_blocks,
+        "max_model_len": executor.max_model_len,
+        "model_shape": dataclasses.asdict(executor.model_shape),
         "runs_per_case": args.runs,
         "profile": cost.coefficients,
         "profile_fit": None if fit is None else fit.lines(),
