@@ -200,6 +200,25 @@ def by_gap(
     return {k: [len(v), statistics.median(v)] for k, v in sorted(ratios.items())}
 
 
+def warmup_step_errors(
+    cost: Any, steps: list[tuple[StepShape, float]], gaps: list[float | None]
+) -> list[float]:
+    """[steps, median |error|, p90 |error|] of the cost model with its idle warm-up at each
+    real step's recorded gap, and the median signed error of the steps after an idle gap with
+    the warm-up and without it."""
+    errors, idle_with, idle_without = [], [], []
+    for (shape, seconds), gap in zip(steps, gaps, strict=True):
+        base = cost.step_time(shape)
+        predicted = base + cost.idle_time(gap)
+        errors.append(abs(predicted - seconds) / seconds)
+        if gap is not None and gap > BACK_TO_BACK_S:
+            idle_with.append((predicted - seconds) / seconds)
+            idle_without.append((base - seconds) / seconds)
+    p90 = sorted(errors)[int(0.9 * (len(errors) - 1))]
+    return [float(len(errors)), statistics.median(errors), p90,
+            statistics.median(idle_with or [0.0]), statistics.median(idle_without or [0.0])]
+
+
 def print_idle(idle: dict[str, Any], names: list[str]) -> None:
     print("after an idle gap / back to back, per idle shape (median):")
     for index, (base, *ratios) in idle["per_shape_base_s_and_ratio"].items():
@@ -419,10 +438,19 @@ def main() -> None:
                 f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
             if args.retime:
                 retime(executor, steps, args.retime, vocab)
+            # What is done so far, in case the run is cut short.
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(json.dumps(results, indent=1))
     overall = step_errors(cost.with_warmup(None), all_steps).overall
     idle_steps = [(s, t) for (s, t), g in zip(all_steps, all_gaps, strict=True)
                   if g is None or g > BACK_TO_BACK_S]  # fmt: skip
     results["step_error_all"] = [overall.num_steps, overall.median_abs, overall.p90_abs]
+    with_warmup = warmup_step_errors(cost, all_steps, all_gaps)
+    results["step_error_all_with_warmup"] = with_warmup
+    print(f"with the idle warm-up at each step's recorded gap: |error| median "
+          f"{100 * with_warmup[1]:.1f}%, p90 {100 * with_warmup[2]:.1f}%; the steps after an "
+          f"idle gap: median signed {100 * with_warmup[3]:+.1f}% "
+          f"(shape-only {100 * with_warmup[4]:+.1f}%)")  # fmt: skip
     results["after_idle_signed_median"] = {
         "shape_only": step_errors(cost.with_warmup(None), idle_steps).overall.median_signed,
     } if idle_steps else {}  # fmt: skip
