@@ -265,6 +265,29 @@ def resimulate(results_path: str, cost_model_path: str) -> None:
             f"{m} {100 * e:+.1f}%" for m, e in errors.items()))
 
 
+def table(results_path: str) -> None:
+    """The docs' markdown rows of a saved run: median relative errors with the idle warm-up,
+    then TTFT p50 / p99 shape-only, the idle-gap bins and the TTFT parts."""
+    saved = json.loads(Path(results_path).read_text())
+    metrics = [f"{m} {q}" for m in METRICS for q in QUANTILES] + ["output tok/s"]
+    print("| workload @ load | " + " | ".join(m.replace("ttft", "TTFT").replace("tpot", "TPOT")
+          .replace("e2e", "E2E") for m in metrics) + " |")  # fmt: skip
+    print("|---|" + "---:|" * len(metrics))
+    for case in saved["cases"]:
+        errors = case["median_rel_error"]
+        print(f"| {case['workload']} @ {case['rate']} | "
+              + " | ".join(f"{100 * errors[m]:+.1f}%".replace("-", "−") for m in metrics) + " |")
+    for case in saved["cases"]:
+        shape_only = case["median_rel_error_shape_only"]
+        print(f"{case['workload']} @ {case['rate']}: shape-only TTFT p50 "
+              f"{100 * shape_only['ttft p50']:+.1f}%, p99 {100 * shape_only['ttft p99']:+.1f}%; "
+              f"TTFT parts {case['ttft_parts_ms']}; between steps {case['between_steps_ms']}")
+        for key, (count, ratio) in case["by_gap"].items():
+            print(f"    {key:36s} {int(count):5d} {ratio:.3f}")
+    print("step error (shape-only):", saved["step_error_all"])
+    print("step error with warm-up:", saved.get("step_error_all_with_warmup"))
+
+
 def _summary_value(summary: Any, metric: str) -> float:
     if metric == "output tok/s":
         return float(summary.overall.output_throughput)
@@ -299,7 +322,12 @@ def main() -> None:
     parser.add_argument("--resimulate", default=None, metavar="RESULTS.json",
                         help="no real runs: simulate this saved run's cases with --cost-model")
     parser.add_argument("--cost-model", default=None, metavar="PROFILE.json")
+    parser.add_argument("--table", default=None, metavar="RESULTS.json",
+                        help="print a saved run's figures as the docs' markdown")
     args = parser.parse_args()
+    if args.table:
+        table(args.table)
+        return
     if args.resimulate:
         if not args.cost_model:
             parser.error("--resimulate needs --cost-model")
