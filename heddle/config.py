@@ -42,8 +42,14 @@ class CacheConfig:
     num_blocks: int | None = None  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
+    # The second KV tier, in blocks (heddle/sessions/tier.py): where the retention policy may
+    # move paused sessions' KV (host memory beside a GPU pool, a buffer outside the pool on
+    # CPU); 0: none.
+    offload_blocks: int = 0
 
     def __post_init__(self) -> None:
+        if self.offload_blocks < 0:
+            raise HeddleError("offload_blocks must be >= 0")
         if self.block_size < 1:
             raise HeddleError("block_size must be positive")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -63,6 +63,8 @@ HELP: Mapping[str, str] = {
     "recompute_window_seconds": "the preemption guard's window (seconds, exponentially decayed)",
     "block_size": "tokens per KV block",
     "num_blocks": "KV blocks (default: from --kv-cache-memory-gb)",
+    "offload_blocks": "blocks of the second KV tier (host memory beside a GPU pool, a buffer "
+    "outside the pool on CPU) where the retention policy may move paused sessions; 0: none",
     "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): "
     "method=off|ngram|draft|sim, num_draft_tokens=4, adaptive=true; method=draft: model=PATH "
     "(a draft model sharing the tokenizer); method=sim: acceptance=0.7, acceptance_spread=0.2 "

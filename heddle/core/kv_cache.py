@@ -306,6 +306,71 @@ class KVCacheManager:
                 refs[block_id] -= 1
         return len(held)
 
+    def parked_chain(self, session_id: str) -> list[tuple[BlockHash, int, bool]]:
+        """A parked session's blocks in order: (hash, block id, held by the session alone)."""
+        blocks = self.pool.blocks
+        chain = []
+        for block_id in self._parked.get(session_id, ()):
+            block = blocks[block_id]
+            assert block.block_hash is not None  # parked blocks are cached (check_integrity)
+            chain.append((block.block_hash, block_id, block.ref_count == 1))
+        return chain
+
+    def restore_parked(
+        self, session_id: str, chain: Sequence[tuple[BlockHash, int | None]]
+    ) -> list[tuple[int, int]] | None:
+        """Park a context again from copies outside the pool (the second tier). `chain`: per
+        block in order, its hash and the slot of its copy (None: no copy). Blocks still cached
+        are held as they are; missing ones with a copy get fresh blocks, registered under their
+        hash; the chain ends at the first block that is neither. Returns the (slot, block id)
+        copies to make before the blocks are read, or None (nothing changed) when the free
+        pool is short."""
+        found, needed = self._restore_plan(chain)
+        if needed > self.pool.num_free_blocks:
+            return None
+        missing = sum(1 for b in found if b is None)
+        for block in found:
+            if block is not None:
+                self.pool.acquire(block)
+        fresh = iter(self.pool.allocate(missing))
+        evicted = self.pool.evicted_ids
+        if evicted and self.events is not None:
+            self.events.evicted(session_id, evicted)
+            evicted.clear()
+        held, copies = [], []
+        for (block_hash, slot), block in zip(chain, found, strict=False):
+            if block is None:
+                block = next(fresh)
+                self.pool.register(block, block_hash)
+                assert slot is not None
+                copies.append((slot, block.block_id))
+            held.append(block.block_id)
+        self.unpark(session_id)
+        if held:
+            self._parked[session_id] = held
+            refs = self._parked_refs
+            for block_id in held:
+                refs[block_id] = refs.get(block_id, 0) + 1
+        return copies
+
+    def free_blocks_to_restore(self, chain: Sequence[tuple[BlockHash, int | None]]) -> int:
+        """Free blocks `restore_parked(chain)` needs (copies to place, cached free ones)."""
+        return self._restore_plan(chain)[1]
+
+    def _restore_plan(
+        self, chain: Sequence[tuple[BlockHash, int | None]]
+    ) -> tuple[list[KVBlock | None], int]:
+        lookup = self.pool.lookup
+        found: list[KVBlock | None] = []
+        for block_hash, slot in chain:
+            block = lookup(block_hash)
+            if block is None and slot is None:
+                break
+            found.append(block)
+        # Cached blocks that sit in the free pool leave it when acquired.
+        needed = sum(1 for b in found if b is None or b.ref_count == 0)
+        return found, needed
+
     def parked_block_ids(self, session_id: str) -> list[int]:
         return self._parked.get(session_id, [])
 

@@ -92,6 +92,10 @@ class SchedulerOutput:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     token_masks: TokenMasks | None = None
+    # The second KV tier (heddle/sessions/tier.py): copies the executor makes before the
+    # forward pass, out-copies first: (pool block id, tier slot) and (tier slot, pool block id).
+    offload_blocks: list[tuple[int, int]] = field(default_factory=list)
+    restore_blocks: list[tuple[int, int]] = field(default_factory=list)
     # Requests that left the engine since the last step (the executor drops their state).
     finished_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)

@@ -211,6 +211,7 @@ class Scheduler:
                 self.num_preempted_waiting -= 1
         self.sessions.on_finished(request, reason, self.clock.now(), self.waiting)
         self.kv_cache.free(request)
+        self.sessions.on_freed(request, self.waiting)
         self.accounting.finish(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
@@ -298,6 +299,10 @@ class Scheduler:
             events.stop_queue(Queue.WAITING, StallReason.STEP_PREEMPTED)
 
         output = step.output
+        tier = self.sessions.tier
+        if tier is not None and output.request_ids:
+            # The second tier's copies go with a step that runs (an empty one is not executed).
+            output.offload_blocks, output.restore_blocks = tier.take_copies()
         output.finished_request_ids = self._finished_since_last_step
         output.preempted_request_ids = [r.request_id for r in preempted]
         self._scheduled = step.requests
@@ -488,6 +493,8 @@ class Scheduler:
                         events.stop_queue(Queue.WAITING, StallReason.NO_SEAT)
                     break
                 seats += 1
+            if sessions.tier is not None:
+                self._restore_session(request)
             cached_blocks = kv.find_cached_prefix(request)
             num_cached = len(cached_blocks) * kv.block_size
             lane = policy.lane_of(request)
@@ -593,6 +600,21 @@ class Scheduler:
             must=must,
             exclude=session.session_id if session is not None and not must else None,
         )
+
+    def _restore_session(self, request: Request) -> None:
+        """A turn whose session is in the second tier: copy its context back into the pool
+        (freeing other parked sessions' blocks for it, in the retention policy's order)."""
+        needed = self.sessions.restore_blocks_needed(request)
+        if not needed:
+            return
+        if self.sessions.restore(request):
+            return
+        session = request.session
+        assert session is not None
+        if self.sessions.reclaim(
+            needed, self.waiting, self.clock.now(), must=False, exclude=session.session_id
+        ):
+            self.sessions.restore(request)
 
     def _parent_ready(self, request: Request) -> bool:
         """A child of an n>1 group waits until its parent's prompt is computed (and cached)."""

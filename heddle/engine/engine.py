@@ -23,15 +23,16 @@ from heddle.core.scheduler import Scheduler
 from heddle.engine.input_processor import InputProcessor
 from heddle.engine.output_processor import EngineTokenizer, OutputProcessor
 from heddle.engine.outputs import RequestOutput
-from heddle.errors import InvalidRequestError
+from heddle.errors import HeddleError, InvalidRequestError
 from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.reasoning import Phase, ReasoningFormat, ReasoningState, thinking_budget
 from heddle.request import FinishReason, Request, SamplingParams
-from heddle.sessions.manager import recompute_cost_of
+from heddle.sessions.manager import copy_cost_of, recompute_cost_of
 from heddle.sessions.retention import Costs
 from heddle.sessions.session import session_info
+from heddle.sessions.tier import SecondTier
 from heddle.structured.spec import GrammarSpec
 from heddle.structured.step import GrammarStep
 
@@ -82,9 +83,19 @@ class Engine:
             namespace=kv_namespace,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.clock, policy)
+        sessions = self.scheduler.sessions
         recompute = recompute_cost_of(executor)
-        if recompute is not None:
-            self.scheduler.sessions.costs = Costs(recompute)
+        copy = None
+        if config.cache.offload_blocks:
+            copy = copy_cost_of(executor)
+            if copy is None:
+                raise HeddleError(
+                    f"offload_blocks={config.cache.offload_blocks}: this executor "
+                    f"({type(executor).__name__}) has no second KV tier"
+                )
+            sessions.tier = SecondTier(config.cache.offload_blocks)
+        if recompute is not None or copy is not None:
+            sessions.costs = Costs(recompute or sessions.costs.recompute_seconds, copy)
         self.inputs = InputProcessor(
             eos_token_id=eos_token_id, max_model_len=max_model_len, vocab_size=vocab_size
         )

@@ -18,6 +18,7 @@ from heddle.model.llama import LlamaForCausalLM
 from heddle.model.loader import load_model
 from heddle.model.sampler import Sampler, SamplingRow, apply_token_bitmask
 from heddle.model.spec import ModelSpec
+from heddle.model.tier import HostTier
 from heddle.model.tokenizer import Tokenizer
 from heddle.request import SamplingParams
 from heddle.spec.rejection import verify
@@ -80,6 +81,7 @@ class ModelExecutor:
         ):
             backend.decode_kernel = None
         self.sampler = Sampler(self.device)
+        self.tier = HostTier.for_caches(self.kv_caches, cache_config.offload_blocks)
         # Per request id: its tokens, block table and sampling parameters (the contract sends
         # them once, then only what changes).
         self._requests: dict[str, _RequestState] = {}
@@ -98,10 +100,30 @@ class ModelExecutor:
     def eos_token_id(self) -> int | None:
         return self._tokenizer.eos_token_id if self._tokenizer is not None else None
 
+    @property
+    def has_tier(self) -> bool:
+        return self.tier is not None
+
+    def attach_tier(self, num_blocks: int) -> None:
+        """A second KV tier of `num_blocks` blocks (0: none), replacing any before."""
+        self.tier = HostTier.for_caches(self.kv_caches, num_blocks)
+
+    def tier_copy_seconds(self, num_blocks: int) -> float:
+        """One way: seconds to copy `num_blocks` blocks to the second tier (or back), at the
+        bandwidth its copies have reached so far."""
+        if self.tier is None:
+            raise HeddleError("this executor has no second KV tier")
+        return num_blocks * self.tier.block_bytes / self.tier.bandwidth
+
     # -- one step ----------------------------------------------------------------------------
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         start = time.perf_counter()
+        so = scheduler_output
+        if so.offload_blocks or so.restore_blocks:
+            if self.tier is None:
+                raise ValueError("the step copies to the second KV tier, but there is none")
+            self.tier.copy(self.kv_caches, so.offload_blocks, so.restore_blocks)
         rows = self._rows(scheduler_output)
         if not any(row.token_ids for row in rows):
             return ExecutorOutput([() for _ in rows], time.perf_counter() - start)

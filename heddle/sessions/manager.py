@@ -9,6 +9,8 @@ cached prefix and takes its own references; then the session's hold is dropped (
 parked session is released (its blocks go back to the free pool, still cached until reused):
 
 - at once, when the retention policy says DROP as it parks (or the policy does not park: `lru`);
+  OFFLOAD moves its blocks to the second tier instead (heddle/sessions/tier.py), from where
+  the next turn copies back what the pool lost;
 - when its pin runs out (`ttl`) or, whatever the policy, after `max_park_seconds` (a client
   that vanished leaks nothing);
 - under pressure: when a running request needs blocks (otherwise one would be preempted), or a
@@ -27,6 +29,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from heddle.core.block_hash import BlockHash
 from heddle.core.kv_cache import KVCacheManager
 from heddle.errors import InvalidRequestError
 from heddle.request import FinishReason, Request
@@ -39,6 +42,7 @@ from heddle.sessions.retention import (
     Retention,
     RetentionPolicy,
 )
+from heddle.sessions.tier import Offloaded, SecondTier
 
 DEFAULT_MAX_PARK_SECONDS = 600.0  # no parked KV outlives this, whatever the policy
 DEFAULT_RECOMPUTE_SECONDS_PER_TOKEN = 2e-4  # when the executor has no cost model
@@ -53,6 +57,7 @@ class _Parked:
     tool: str | None
     hint: float | None
     resumed: bool = False  # its next turn has arrived (and waits for a seat)
+    offloaded: Offloaded | None = None  # in the second tier (no pool blocks held)
 
 
 @dataclass(slots=True)
@@ -65,6 +70,8 @@ class SessionStats:
     num_released_expired: int = 0  # sessions released by their pin or the hard limit
     num_released_on_park: int = 0  # sessions the policy dropped as they parked
     blocks_released_pressure: int = 0
+    num_offloaded_on_park: int = 0  # sessions the policy moved to the second tier as they parked
+    num_offloaded_pressure: int = 0  # sessions moved to the second tier under pressure
 
 
 class SessionManager:
@@ -94,6 +101,9 @@ class SessionManager:
         self._futile: tuple[object, ...] | None = None
         self._futile_until = 0.0
         self.stats = SessionStats()
+        # The second tier (None: OFFLOAD is never possible); the engine sets it.
+        self.tier: SecondTier | None = None
+        self._deciding: _Parked | None = None  # parked by on_finished, decided in on_freed
 
     @property
     def enabled(self) -> bool:
@@ -120,13 +130,71 @@ class SessionManager:
             parked.resumed = True
 
     def on_admitted(self, request: Request) -> None:
-        """The turn holds its blocks now (found as a cached prefix): drop the session's hold."""
+        """The turn holds its blocks now (found as a cached prefix): drop the session's hold
+        (a copy in the second tier that could not be restored is dropped: it recomputes)."""
         session = request.session
         if session is None:
             return
-        if self.parked.pop(session.session_id, None) is not None:
+        parked = self.parked.get(session.session_id)
+        if parked is None:
+            return
+        if parked.offloaded is None:
             self.stats.num_resumed_kept += 1
-            self.kv.unpark(session.session_id)
+        self._release(session.session_id)
+
+    def restore_blocks_needed(self, request: Request) -> int:
+        """Free pool blocks the turn's restore from the second tier needs (0: nothing to do)."""
+        offloaded = self._offloaded_of(request)
+        return 0 if offloaded is None else self.kv.free_blocks_to_restore(offloaded.chain)
+
+    def restore(self, request: Request) -> bool:
+        """Bring the turn's session back from the second tier into the pool (kept-parked
+        again, so that admission finds its context as a cached prefix); the copies go out with
+        this step. False when the free pool is short (nothing changed)."""
+        offloaded = self._offloaded_of(request)
+        if offloaded is None:
+            return False
+        assert self.tier is not None and request.session is not None
+        sid = request.session.session_id
+        copies = self.kv.restore_parked(sid, offloaded.chain)
+        if copies is None:
+            return False
+        tier = self.tier
+        tier.restore_orders.extend(copies)
+        tier.release(offloaded.slots)
+        tier.stats.num_restored += 1
+        tier.stats.blocks_restored += len(copies)
+        tier.stats.blocks_found_in_pool += len(self.kv.parked_block_ids(sid)) - len(copies)
+        self.parked[sid].offloaded = None
+        return True
+
+    def _offloaded_of(self, request: Request) -> Offloaded | None:
+        session = request.session
+        if session is None:
+            return None
+        parked = self.parked.get(session.session_id)
+        return None if parked is None else parked.offloaded
+
+    def _offload(self, parked: _Parked) -> bool:
+        """Move a kept session's blocks to the second tier: the ones it alone holds are copied
+        out and freed in the pool. False (nothing changed) when the tier has no room."""
+        tier = self.tier
+        chain = self.kv.parked_chain(parked.session_id)
+        own = sum(1 for _, _, alone in chain if alone)
+        if tier is None or own == 0 or own > tier.num_free_slots:
+            return False
+        entries: list[tuple[BlockHash, int | None]] = []
+        for block_hash, block_id, alone in chain:
+            slot = tier.take_slot() if alone else None
+            if slot is not None:
+                tier.offload_orders.append((block_id, slot))
+            entries.append((block_hash, slot))
+        self.kv.unpark(parked.session_id)
+        parked.offloaded = Offloaded(entries)
+        tier.stats.num_offloaded += 1
+        tier.stats.blocks_offloaded += own
+        self._futile = None
+        return True
 
     def on_finished(
         self, request: Request, reason: FinishReason, now: float, waiting: Iterable[Request]
@@ -145,6 +213,9 @@ class SessionManager:
         self._last_end[sid] = (now, session.tool)
         if not self.enabled:
             return
+        old = self.parked.get(sid)
+        if old is not None and old.offloaded is not None:
+            self._release(sid)  # a turn that ended without being admitted (never ran)
         num_blocks = self.kv.park(sid, request)
         if num_blocks == 0:
             self.parked.pop(sid, None)
@@ -153,11 +224,24 @@ class SessionManager:
                          session.expected_pause)
         self.parked[sid] = parked
         self.stats.num_parked += 1
-        pressure = pressure_of(waiting, self.kv)
-        choice = self.retention.on_park(self._view(parked, now), pressure, self.costs)
-        if choice is not Retention.KEEP:
+        self._deciding = parked
+
+    def on_freed(self, request: Request, waiting: Iterable[Request]) -> None:
+        """The finished turn's own blocks are freed: the retention policy decides what
+        happens to what its session parked (it sees the blocks the session alone holds)."""
+        parked, self._deciding = self._deciding, None
+        if parked is None or request.session is None:
+            return
+        if self.parked.get(request.session.session_id) is not parked:
+            return
+        pressure = pressure_of(waiting, self.kv, tier=self.tier)
+        view = self._view(parked, parked.parked_at)
+        choice = self.retention.on_park(view, pressure, self.costs)
+        if choice is Retention.OFFLOAD and self._offload(parked):
+            self.stats.num_offloaded_on_park += 1
+        elif choice is not Retention.KEEP:
             self.stats.num_released_on_park += 1
-            self._release(sid)
+            self._release(parked.session_id)
 
     def expire(self, now: float) -> None:
         """Release sessions whose pin ran out (the policy's, or the hard limit)."""
@@ -192,18 +276,25 @@ class SessionManager:
         state = (self.kv.num_free_blocks, len(self.parked), num_blocks, must, exclude)
         if state == self._futile and now < self._futile_until:
             return False
-        views = [self._view(p, now) for p in self.parked.values() if p.session_id != exclude]
+        views = [
+            self._view(p, now)
+            for p in self.parked.values()
+            if p.session_id != exclude and p.offloaded is None
+        ]
         if not views:
             return False
         extra = max(0, num_blocks - self.kv.num_free_blocks)
-        pressure = pressure_of(waiting, self.kv, extra)
+        pressure = pressure_of(waiting, self.kv, extra, tier=self.tier)
         freed = False
-        for view, _choice in self.retention.reclaim_order(views, pressure, self.costs, must=must):
+        for view, choice in self.retention.reclaim_order(views, pressure, self.costs, must=must):
             if self.kv.num_free_blocks >= num_blocks:
                 break
             before = self.kv.num_free_blocks
-            self._release(view.session_id)
-            self.stats.num_released_pressure += 1
+            if choice is Retention.OFFLOAD and self._offload(self.parked[view.session_id]):
+                self.stats.num_offloaded_pressure += 1
+            else:
+                self._release(view.session_id)
+                self.stats.num_released_pressure += 1
             self.stats.blocks_released_pressure += self.kv.num_free_blocks - before
             freed = True
         if not freed:
@@ -218,9 +309,13 @@ class SessionManager:
 
     # -- queries ----------------------------------------------------------------------------
     def has_parked(self, request: Request) -> bool:
-        """Whether the request's session has KV parked (its turn holds its memory already)."""
+        """Whether the request's session has KV parked in the pool (its turn holds its memory
+        already; not when it is in the second tier)."""
         session = request.session
-        return session is not None and session.session_id in self.parked
+        if session is None:
+            return False
+        parked = self.parked.get(session.session_id)
+        return parked is not None and parked.offloaded is None
 
     @property
     def num_parked_blocks(self) -> int:
@@ -230,11 +325,17 @@ class SessionManager:
         return [self._view(p, now) for p in self.parked.values()]
 
     def check_integrity(self) -> None:
-        if set(self.parked) != set(self.kv.parked_sessions):
+        kept = {sid for sid, p in self.parked.items() if p.offloaded is None}
+        if kept != set(self.kv.parked_sessions):
             raise AssertionError(
-                f"sessions parked {sorted(self.parked)} but the KV manager holds blocks for "
+                f"sessions parked {sorted(kept)} but the KV manager holds blocks for "
                 f"{sorted(self.kv.parked_sessions)}"
             )
+        offloaded = [p.offloaded for p in self.parked.values() if p.offloaded is not None]
+        if self.tier is not None:
+            self.tier.check_integrity([o.slots for o in offloaded])
+        elif offloaded:
+            raise AssertionError("sessions offloaded without a second tier")
 
     # -- internals --------------------------------------------------------------------------
     def _view(self, parked: _Parked, now: float) -> ParkedView:
@@ -249,19 +350,29 @@ class SessionManager:
             num_tokens=parked.num_tokens,
             parked_at=parked.parked_at,
             expected_remaining=remaining,
+            offloaded=parked.offloaded is not None,
         )
 
     def _release(self, session_id: str) -> None:
-        self.parked.pop(session_id, None)
-        self.kv.unpark(session_id)
+        parked = self.parked.pop(session_id, None)
+        if parked is not None and parked.offloaded is not None:
+            assert self.tier is not None
+            self.tier.release(parked.offloaded.slots)
+        else:
+            self.kv.unpark(session_id)
         self._futile = None
 
 
 def pressure_of(
-    waiting: Iterable[Request], kv: KVCacheManager, extra_blocks: int = 0, limit: int = 64
+    waiting: Iterable[Request],
+    kv: KVCacheManager,
+    extra_blocks: int = 0,
+    limit: int = 64,
+    *,
+    tier: SecondTier | None = None,
 ) -> Pressure:
     """The demand for blocks: the first `limit` waiting requests' prompts, plus `extra_blocks`
-    a running request needs now."""
+    a running request needs now; the room left in the second tier."""
     wanted = extra_blocks
     num_waiting = 0
     for request in itertools.islice(waiting, limit):
@@ -272,6 +383,7 @@ def pressure_of(
         num_blocks_wanted=wanted,
         num_waiting=max(num_waiting, 1 if extra_blocks else 0),
         num_running_blocks=kv.num_used_blocks - kv.num_parked_blocks,
+        num_host_free_blocks=tier.num_free_slots if tier is not None else 0,
     )
 
 
@@ -289,3 +401,17 @@ def recompute_cost_of(executor: object) -> Callable[[int], float] | None:
         return float(cost_model.step_time(StepShape(((num_tokens, num_tokens),), (), 1)))
 
     return seconds
+
+
+def copy_cost_of(executor: object) -> Callable[[int], float] | None:
+    """Seconds to copy n blocks to the second tier and back, from the executor (its
+    `tier_copy_seconds`: measured on the real engine, the hardware spec's host bandwidth in
+    the simulator); None when it has no second tier."""
+    seconds = getattr(executor, "tier_copy_seconds", None)
+    if seconds is None or not getattr(executor, "has_tier", False):
+        return None
+
+    def both_ways(num_blocks: int) -> float:
+        return 2.0 * float(seconds(num_blocks))
+
+    return both_ways

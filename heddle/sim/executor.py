@@ -52,9 +52,11 @@ class SimulatedExecutor:
         vocab_size: int = 32000,
         seed: int = 0,
         acceptance: SimAcceptance | None = None,
+        tier_seconds_per_block: float | None = None,
     ) -> None:
         """`acceptance`: how simulated requests accept draft tokens (speculative decoding);
-        None rejects every draft."""
+        None rejects every draft. `tier_seconds_per_block`: what copying one KV block to or
+        from the second tier costs (block bytes / host bandwidth); None: no second tier."""
         if vocab_size < 2:
             raise ValueError("vocab_size must be at least 2")
         self.cost_model = cost_model
@@ -66,6 +68,18 @@ class SimulatedExecutor:
         # The idle warm-up (heddle.sim.warmup): a step after a wait on the clock costs more.
         self._charges_idle = cost_model.charges_idle
         self._last_end: float | None = None
+        if tier_seconds_per_block is not None and not tier_seconds_per_block > 0:
+            raise ValueError("tier_seconds_per_block must be positive")
+        self._tier_seconds_per_block = tier_seconds_per_block
+        self.tier_seconds = 0.0  # copy time charged so far
+
+    @property
+    def has_tier(self) -> bool:
+        return self._tier_seconds_per_block is not None
+
+    def tier_copy_seconds(self, num_blocks: int) -> float:
+        """One way: the copy of `num_blocks` blocks to the second tier (or back)."""
+        return num_blocks * (self._tier_seconds_per_block or 0.0)
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         """Advance the clock by the step's predicted time and sample one token per sampler.
@@ -85,6 +99,11 @@ class SimulatedExecutor:
         duration = 0.0
         if so.request_ids:
             duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
+            if so.offload_blocks or so.restore_blocks:
+                # The copies run before the forward pass, on the step's critical path.
+                copy = self.tier_copy_seconds(len(so.offload_blocks) + len(so.restore_blocks))
+                self.tier_seconds += copy
+                duration += copy
             if self._charges_idle:
                 now = self.clock.now()
                 last = self._last_end

@@ -89,16 +89,38 @@ class SimMachine:
         cost, vocab = self.cost_model, self.shape.vocab_size
         executor_seed = config.seed if seed is None else seed
         acceptance = sim_acceptance(config.scheduler.speculation, executor_seed)
+        per_block = self.tier_seconds_per_block(config.cache.block_size)
+        if config.cache.offload_blocks and per_block is None:
+            raise HeddleError(
+                f"offload_blocks={config.cache.offload_blocks} needs the second tier's "
+                f"bandwidth: the cost model {cost.describe()} has no hardware spec with "
+                "host_bandwidth"
+            )
+        if not config.cache.offload_blocks:
+            per_block = None
         return sim_engine(
             config,
-            lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab, seed=executor_seed,
-                                            acceptance=acceptance),
+            lambda clock: SimulatedExecutor(
+                cost, clock, vocab_size=vocab, seed=executor_seed, acceptance=acceptance,
+                tier_seconds_per_block=per_block,
+            ),
             num_blocks=self.num_blocks,
             vocab_size=vocab,
             max_model_len=max_model_len,
             record_steps=record_steps,
             record_step_requests=record_step_requests,
         )
+
+
+    def tier_seconds_per_block(self, block_size: int) -> float | None:
+        """Seconds to copy one KV block of this machine to or from the second tier: its
+        bytes on one device over the hardware spec's host bandwidth (None: not known)."""
+        hardware = getattr(self.cost_model, "hardware", None)
+        bandwidth = getattr(hardware, "host_bandwidth", 0.0)
+        if not bandwidth:
+            return None
+        tp = getattr(self.cost_model, "tp", 1)
+        return self.shape.kv_bytes_per_token(tp) * block_size / bandwidth
 
 
 def sim_machine(

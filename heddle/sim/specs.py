@@ -31,6 +31,9 @@ class HardwareSpec:
     step_overhead: float = 0.0  # seconds per step outside the kernels (launch, sampling, Python)
     interconnect_bandwidth: float = 0.0  # bytes/s one device sends in a ring all-reduce
     interconnect_latency: float = 0.0  # seconds per all-reduce
+    # bytes/s one device copies to and from the second KV tier (host memory: PCIe for a GPU,
+    # a memory copy on a CPU); 0: unknown (a simulated second tier needs it)
+    host_bandwidth: float = 0.0
     source: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -40,6 +43,8 @@ class HardwareSpec:
                 raise HeddleError(f"hardware spec {self.name!r}: {f} must be in (0, 1]")
         if self.memory_bandwidth <= 0 or self.memory_bytes <= 0:
             raise HeddleError(f"hardware spec {self.name!r}: memory figures must be positive")
+        if self.host_bandwidth < 0:
+            raise HeddleError(f"hardware spec {self.name!r}: host_bandwidth must be >= 0")
         if self.step_overhead < 0 or self.interconnect_latency < 0:
             raise HeddleError(f"hardware spec {self.name!r}: times must be non-negative")
         if not self.peak_flops or any(v <= 0 for v in self.peak_flops.values()):
