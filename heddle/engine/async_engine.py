@@ -72,6 +72,11 @@ class _Abort:
     request_id: str | None  # None: every request in flight
 
 
+@dataclass(slots=True)
+class _CloseSession:
+    session_id: str
+
+
 class RequestStream:
     """The outputs of one request, in order; ends after the finished output or an error."""
 
@@ -121,7 +126,7 @@ class AsyncEngine:
         self.keep_records = keep_records
         self.records: list[RequestRecord] = []
         self._cond = threading.Condition()
-        self._commands: deque[_Add | _Abort] = deque()
+        self._commands: deque[_Add | _Abort | _CloseSession] = deque()
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._listeners: list[StepListener] = []
         self._thread: threading.Thread | None = None
@@ -235,7 +240,12 @@ class AsyncEngine:
         """Abort every request in flight before the next step (e.g. when a drain times out)."""
         self._submit(_Abort(None))
 
-    def _submit(self, command: _Add | _Abort) -> None:
+    def close_session(self, session_id: str) -> None:
+        """Close an agent session before the next step (its parked KV is freed there).
+        Thread-safe and non-blocking."""
+        self._submit(_CloseSession(session_id))
+
+    def _submit(self, command: _Add | _Abort | _CloseSession) -> None:
         with self._cond:
             if self._stopping:  # the loop is gone or going: nothing will read the queue
                 if isinstance(command, _Add):
@@ -266,7 +276,7 @@ class AsyncEngine:
         self._abort_all()
         self._reject_pending(EngineDeadError("the engine is shutting down"))
 
-    def _wait_for_work(self) -> list[_Add | _Abort] | None:
+    def _wait_for_work(self) -> list[_Add | _Abort | _CloseSession] | None:
         """Pending commands, once there is something to do; None when shutting down."""
         with self._cond:
             while not self._commands and not self._stopping:
@@ -282,10 +292,13 @@ class AsyncEngine:
             self._commands.clear()
             return commands
 
-    def _apply(self, commands: list[_Add | _Abort]) -> None:
+    def _apply(self, commands: list[_Add | _Abort | _CloseSession]) -> None:
         for command in commands:
             if isinstance(command, _Add):
                 self._apply_add(command)
+                continue
+            if isinstance(command, _CloseSession):
+                self.engine.close_session(command.session_id)
                 continue
             if command.request_id is None:
                 self._abort_all()

@@ -44,6 +44,7 @@ from heddle.engine.front_state import RequestState
 from heddle.engine.wire import (
     Abort,
     Add,
+    CloseSession,
     Command,
     Ready,
     Shutdown,
@@ -341,6 +342,10 @@ class CoreClient:
 
     def abort_all(self) -> None:
         self._send(Abort(None))
+
+    def close_session(self, session_id: str) -> None:
+        """Close an agent session in the core before its next step (its parked KV is freed)."""
+        self._send(CloseSession(session_id))
 
     def _send(self, command: Command) -> None:
         loop = self._loop

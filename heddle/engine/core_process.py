@@ -35,6 +35,7 @@ from heddle.engine.outputs import RequestOutput
 from heddle.engine.wire import (
     Abort,
     Add,
+    CloseSession,
     Command,
     Delta,
     Ready,
@@ -146,6 +147,8 @@ class EngineCore:
             elif isinstance(command, Stop):
                 output = self.engine.stop_sequence(command.request_id, command.index, command.stop)
                 self._take(output, batch)
+            elif isinstance(command, CloseSession):
+                self.engine.close_session(command.session_id)
             elif isinstance(command, Shutdown):
                 return True
         return False

@@ -264,6 +264,11 @@ class Engine:
         """The matchers of the constrained sequences (None before the first grammar)."""
         return self._grammars
 
+    def close_session(self, session_id: str) -> bool:
+        """Close an agent session: its parked KV is freed now, a turn in flight parks nothing.
+        False when the engine held nothing of it."""
+        return self.scheduler.sessions.close(session_id)
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its KV blocks return to the pool. Returns its final output."""
         requests = self.outputs.group_requests(request_id)

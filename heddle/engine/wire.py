@@ -51,7 +51,14 @@ class Shutdown:
     """Abort everything in flight, answer with a last batch, and exit."""
 
 
-Command = Add | Abort | Stop | Shutdown
+@dataclass(slots=True)
+class CloseSession:
+    """Close an agent session: free its parked KV (heddle/sessions)."""
+
+    session_id: str
+
+
+Command = Add | Abort | Stop | Shutdown | CloseSession
 
 
 def encode_commands(commands: list[Command]) -> bytes:

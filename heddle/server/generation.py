@@ -52,6 +52,12 @@ async def submit(
                 engine_id, prompt.token_ids, params, prompt=prompt.text, **hints
             )
             streams.append(stream)
+        session_id = hints.get("session_id")
+        if session_id is not None:  # known to DELETE /v1/sessions/{id} until it is closed
+            if hints.get("close_session"):
+                state.sessions.closed(session_id)
+            else:
+                state.sessions.seen(session_id)
     except BaseException as e:
         for stream in streams:
             state.engine.abort(stream.request_id)

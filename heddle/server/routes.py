@@ -12,11 +12,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from heddle.server.chat import create_chat_completion
 from heddle.server.completions import create_completion
 from heddle.server.errors import error_body
+from heddle.server.sessions import close_session
 from heddle.server.state import ServerState
 
 router = APIRouter()
 router.add_api_route("/v1/completions", create_completion, methods=["POST"])
 router.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
+router.add_api_route("/v1/sessions/{session_id}", close_session, methods=["DELETE"])
 
 _STARTED = int(time.time())
 

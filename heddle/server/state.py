@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from heddle.engine.client import EngineClient
 from heddle.server.errors import APIError
 from heddle.server.metrics import ServerMetrics
+from heddle.server.sessions import KnownSessions
 
 # Prompts longer than this (characters) are tokenized off the event loop.
 _TOKENIZE_INLINE_CHARS = 4096
@@ -33,6 +34,7 @@ class ServerState:
     metrics: ServerMetrics
     aliases: frozenset[str] = frozenset()  # other names accepted in the `model` field
     tool_call_parser: str = "auto"  # heddle.tools format name; auto: from the chat template
+    sessions: KnownSessions = field(default_factory=KnownSessions)  # for DELETE /v1/sessions
     _token_texts: dict[int, str] = field(default_factory=dict)
 
     @property

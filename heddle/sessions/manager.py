@@ -104,6 +104,7 @@ class SessionManager:
         # The second tier (None: OFFLOAD is never possible); the engine sets it.
         self.tier: SecondTier | None = None
         self._deciding: _Parked | None = None  # parked by on_finished, decided in on_freed
+        self._closing: set[str] = set()  # closed while a turn was in flight: it parks nothing
 
     @property
     def enabled(self) -> bool:
@@ -205,7 +206,9 @@ class SessionManager:
             return
         sid = session.session_id
         self._in_flight.discard(sid)
-        if reason is FinishReason.ABORT or session.close:
+        closing = sid in self._closing
+        self._closing.discard(sid)
+        if reason is FinishReason.ABORT or session.close or closing:
             self._release(sid)
             self._last_end.pop(sid, None)
             self.estimator.forget(sid)
@@ -300,6 +303,18 @@ class SessionManager:
         if not freed:
             self._futile, self._futile_until = state, now + RECLAIM_RETRY_SECONDS
         return freed
+
+    def close(self, session_id: str) -> bool:
+        """Close a session (the API's close endpoint): its parked KV is released now, a turn in
+        flight parks nothing when it ends, and what was learned of its pauses is forgotten.
+        False when the engine holds nothing of it (no parked KV, no turn in flight)."""
+        known = session_id in self.parked or session_id in self._in_flight
+        self._release(session_id)
+        self._last_end.pop(session_id, None)
+        self.estimator.forget(session_id)
+        if session_id in self._in_flight:
+            self._closing.add(session_id)
+        return known
 
     def release_all(self) -> None:
         """Release every parked session (the engine shuts down, or a run ends)."""
