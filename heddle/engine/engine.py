@@ -183,13 +183,16 @@ class Engine:
         expected_pause: float | None = None,
         close_session: bool = False,
         tool: str | None = None,
+        program_deadline: float | None = None,
         true_thinking_len: int | None = None,
         grammar: GrammarSpec | None = None,
     ) -> None:
         """Queue a request (n sequences when params.n > 1): all of them, or none.
 
         `session_id` makes it a turn of an agent session (heddle/sessions): its KV may stay
-        parked for the session's next turn; `close_session` ends the session with this turn.
+        parked for the session's next turn; `close_session` ends the session with this turn;
+        `program_deadline` (seconds from this turn) is the whole program's deadline, which its
+        later turns and sub-agents inherit (the `slo` policy).
 
         With a reasoning format, a thinking budget of 0 on a prompt that opens the thinking
         block closes it in the prompt (`ReasoningFormat.prepare_prompt`). Simulated requests
@@ -203,7 +206,7 @@ class Engine:
         if request_id in self.outputs:
             raise InvalidRequestError(f"duplicate request id {request_id!r}")
         session = session_info(
-            session_id, parent_session_id, expected_pause, close_session, tool
+            session_id, parent_session_id, expected_pause, close_session, tool, program_deadline
         )
         if session is not None and params.n > 1:
             raise InvalidRequestError("a session's turn must have n=1", "n")

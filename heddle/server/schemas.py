@@ -63,6 +63,8 @@ class _CommonRequest(BaseModel):
     parent_session_id: str | None = Field(None, min_length=1, max_length=MAX_SESSION_ID_LEN)
     expected_pause: float | None = Field(None, ge=0.0)  # seconds until the next turn
     close_session: bool = False  # the session's last turn: nothing stays parked after it
+    # seconds the whole program may take from this turn (its later turns inherit it: slo)
+    program_deadline: float | None = Field(None, gt=0.0)
 
     @property
     def include_usage(self) -> bool:
@@ -126,12 +128,14 @@ class _CommonRequest(BaseModel):
             or self.parent_session_id is not None
             or self.expected_pause is not None
             or self.close_session
+            or self.program_deadline is not None
         ):
             hints.update(
                 session_id=session_id,
                 parent_session_id=self.parent_session_id,
                 expected_pause=self.expected_pause,
                 close_session=self.close_session,
+                program_deadline=self.program_deadline,
             )
         return hints
 

@@ -21,6 +21,9 @@ class SessionInfo:
     expected_pause: float | None = None  # seconds until the next turn: the client's hint
     close: bool = False  # the session's last turn: nothing is parked when it ends
     tool: str | None = None  # what runs after this turn (the pause estimator keys on it)
+    # seconds the whole program (its turns and sub-agents) may take from its first turn
+    # that names a deadline: the `slo` policy's first-token deadline of every later turn
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("session_id", "parent_session_id"):
@@ -33,6 +36,10 @@ class SessionInfo:
                     "characters",
                     name,
                 )
+        if self.deadline is not None and not self.deadline > 0:
+            raise InvalidRequestError(
+                f"program_deadline must be > 0 seconds, got {self.deadline}", "program_deadline"
+            )
         if self.expected_pause is not None and not self.expected_pause >= 0:
             raise InvalidRequestError(
                 f"expected_pause must be >= 0 seconds, got {self.expected_pause}", "expected_pause"
@@ -50,13 +57,23 @@ def session_info(
     expected_pause: float | None = None,
     close_session: bool = False,
     tool: str | None = None,
+    program_deadline: float | None = None,
 ) -> SessionInfo | None:
     """A SessionInfo from the API's flat fields; None when no session is named."""
     if session_id is None:
-        if parent_session_id is not None or expected_pause is not None or close_session:
+        if (
+            parent_session_id is not None
+            or expected_pause is not None
+            or close_session
+            or program_deadline is not None
+        ):
             raise InvalidRequestError(
-                "parent_session_id, expected_pause and close_session need a session_id",
+                "parent_session_id, expected_pause, close_session and program_deadline need a "
+                "session_id",
                 "session_id",
             )
         return None
-    return SessionInfo(session_id, parent_session_id, expected_pause, bool(close_session), tool)
+    return SessionInfo(
+        session_id, parent_session_id, expected_pause, bool(close_session), tool,
+        program_deadline,
+    )

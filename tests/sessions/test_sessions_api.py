@@ -53,6 +53,8 @@ def test_a_session_turn_parks_and_the_next_turn_finds_its_kv(server):
         ({"expected_pause": 1.0}, None, "session_id"),
         ({"session_id": "a", "expected_pause": -1}, None, None),
         ({"session_id": "a", "n": 2}, None, "n"),
+        ({"program_deadline": 30.0}, None, "session_id"),
+        ({"session_id": "a", "program_deadline": 0}, None, None),
     ],
 )
 def test_bad_session_fields_are_a_400(server, fields, headers, param):

@@ -7,6 +7,11 @@ the smallest counter among the users already backlogged (or, if none is, to the 
 of the users who left last): work-conserving, and no credit is banked while idle. Counters of
 idle users at or below that floor are forgotten, so memory follows the active users.
 
+Agent sessions: a program's work counts toward its user. A turn (or sub-agent) that names no
+`user` is charged to the user an earlier turn of its program named; a program whose turns never
+name one is a tenant of its own (`program:<id>`), not part of the anonymous crowd: a long agent
+program is one user however many calls it makes.
+
 Within one step the counters only move at the step's end, so admission interleaves users by
 their counters plus the prompt tokens already handed out this step, as VTC charges at admission.
 """
@@ -14,6 +19,7 @@ their counters plus the prompt tokens already handed out this step, as VTC charg
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,6 +35,9 @@ ANONYMOUS = "<anonymous>"
 
 def user_of(request: Request) -> str:
     return request.user if request.user is not None else ANONYMOUS
+
+
+MAX_PROGRAMS = 65_536  # programs whose user is remembered (least recently seen forgotten)
 
 
 @register
@@ -50,6 +59,22 @@ class FairPolicy(Policy):
         self._users: dict[str, tuple[str, int]] = {}
         self._finished: list[str] = []
         self._prune_at = 32  # prune forgotten users' counters when the table grows past this
+        self._program_users: OrderedDict[str, str] = OrderedDict()  # program -> its user
+
+    def user_of(self, request: Request) -> str:
+        """Who the request's work counts toward: its user, else its program's."""
+        session = request.session
+        if session is None:
+            return user_of(request)
+        program = session.program_id
+        users = self._program_users
+        if request.user is not None:
+            users[program] = request.user
+            users.move_to_end(program)
+            if len(users) > MAX_PROGRAMS:
+                users.popitem(last=False)
+            return request.user
+        return users.get(program, f"program:{program}")
 
     def counter(self, user: str) -> float:
         return self.counters.get(user, 0.0)
@@ -58,7 +83,7 @@ class FairPolicy(Policy):
         active: set[str] = set()
         users = self._users
         for request in (*view.running, *view.waiting):
-            user = user_of(request)
+            user = self.user_of(request)
             users[request.request_id] = (user, request.num_prompt_tokens)
             active.add(user)
         staying = self._active & active
@@ -79,14 +104,14 @@ class FairPolicy(Policy):
         return StepLimits(view.token_budget, view.max_num_seqs)
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
-        return (self.counter(user_of(request)), request.arrival_time, request.seq)
+        return (self.counter(self.user_of(request)), request.arrival_time, request.seq)
 
     def _interleave(self, requests: Collection[Request], now: float) -> list[Request]:
         """Repeatedly take the earliest request of the user with the smallest provisional
         counter, charging it what the request would get this step (prompt left + one token)."""
         queues: dict[str, list[Request]] = {}
         for request in sorted(requests, key=lambda r: (r.arrival_time, r.seq)):
-            queues.setdefault(user_of(request), []).append(request)
+            queues.setdefault(self.user_of(request), []).append(request)
         heap = [(self.counter(u), q[0].seq, u) for u, q in queues.items()]
         heapq.heapify(heap)
         positions = dict.fromkeys(queues, 0)
@@ -131,3 +156,6 @@ class FairPolicy(Policy):
 
     def on_finished(self, request: Request) -> None:
         self._finished.append(request.request_id)
+        session = request.session
+        if session is not None and session.close and session.parent_session_id is None:
+            self._program_users.pop(session.session_id, None)  # the program's last turn

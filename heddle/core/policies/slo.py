@@ -16,6 +16,11 @@ Goodput first. A request whose first token is already late can no longer count f
   the least context (cheapest to recompute). `max_preemptions` (None: no bound) bounds how often
   one request may be evicted.
 
+Agent programs: a turn of a session whose program carries a deadline (`program_deadline`,
+seconds from the first turn that names it; later turns and sub-agents inherit it) has that
+deadline as its first-token deadline, unless it names its own `ttft_slo`: turns of a program due
+sooner go first, and a program past its deadline is lost like a late request.
+
 The step time is learned online (`StepTimeModel`: base + seconds per token). `step_limits` caps
 the token budget so the predicted step stays within `headroom` of the tightest TPOT target
 among requests already decoding; new prefills get only what is left. When even the decodes
@@ -24,6 +29,7 @@ alone cannot meet that target the cap would save no one, and the full budget is 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -34,6 +40,9 @@ from heddle.core.policies.step_time import StepTimeModel
 if TYPE_CHECKING:
     from heddle.core.outputs import SchedulerOutput
     from heddle.request import Request
+
+MAX_PROGRAMS = 65_536  # program deadlines remembered (the least recently named are forgotten)
+MIN_TARGET = 1e-3  # seconds: the first-token target of a turn that arrives past its deadline
 
 
 def _targets(name: str, value: object) -> dict[str, float]:
@@ -86,12 +95,30 @@ class SLOPolicy(Policy):
         self.max_preemptions = max_preemptions
         self.step_model = StepTimeModel(alpha=ewma_alpha)
         self.last_cap: int | None = None  # the token budget of the last step, if capped
+        self._program_due: OrderedDict[str, float] = OrderedDict()  # program -> deadline
 
     # -- targets and deadlines --------------------------------------------------------------
     def ttft_target(self, request: Request) -> float:
         if request.ttft_slo is not None:
             return request.ttft_slo
+        due = self.program_due(request)
+        if due is not None:
+            return max(MIN_TARGET, due - request.arrival_time)
         return self.ttft.get(request.request_class, self.default_ttft)
+
+    def program_due(self, request: Request) -> float | None:
+        """When the request's program must be done (None: no program deadline). The first
+        turn that names a deadline fixes it; later turns and sub-agents inherit it."""
+        session = request.session
+        if session is None:
+            return None
+        program = session.program_id
+        due = self._program_due.get(program)
+        if due is None and session.deadline is not None:
+            due = self._program_due[program] = request.arrival_time + session.deadline
+            if len(self._program_due) > MAX_PROGRAMS:
+                self._program_due.popitem(last=False)
+        return due
 
     def tpot_target(self, request: Request) -> float:
         if request.tpot_slo is not None:
@@ -113,7 +140,13 @@ class SLOPolicy(Policy):
     def deadline(self, request: Request, now: float) -> float:
         """When this request's next token is due; a lost request's is moved back."""
         if self.is_lost(request, now):
-            return request.arrival_time + (1.0 + self.late_shift) * self.ttft_target(request)
+            target = self.ttft_target(request)
+            # A program turn's target is what its program had left; it moves back by whole
+            # targets of its class, as any late request does.
+            unit = target
+            if request.ttft_slo is None and self.program_due(request) is not None:
+                unit = self.ttft.get(request.request_class, self.default_ttft)
+            return request.arrival_time + target + self.late_shift * unit
         first = request.first_token_time
         if first is not None:
             return first + request.num_output_tokens * self.tpot_target(request)
@@ -121,6 +154,12 @@ class SLOPolicy(Policy):
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
         return (self.deadline(request, now), request.arrival_time, request.seq)
+
+    def on_finished(self, request: Request) -> None:
+        super().on_finished(request)
+        session = request.session
+        if session is not None and session.close and session.parent_session_id is None:
+            self._program_due.pop(session.session_id, None)  # the program's last turn
 
     # -- preemption -------------------------------------------------------------------------
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
