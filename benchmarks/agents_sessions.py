@@ -70,6 +70,14 @@ class Point:
     sessions: dict[str, int] = field(default_factory=dict)
     wall_seconds: float = 0.0
     parked_series: list[tuple[float, float]] = field(default_factory=list)
+    seed: int = 0
+    # Steady state: programs that arrived after the warm-up and before the drain (fractions of
+    # the arrival span), so that neither the filling nor the emptying system is measured.
+    steady_programs: int = 0
+    steady_mean: float = math.nan
+    steady_p95: float = math.nan
+    tier: dict[str, float] = field(default_factory=dict)  # second-tier counters (+tier)
+    offload_blocks: int = 0
 
 
 class SamplingExecutor:
@@ -145,13 +153,19 @@ def run_point(
     eos_token_id: int | None = SIM_EOS,
 ) -> Point:
     policy, retention = config_name.split(":")
+    offload = 0
+    if retention.endswith("+tier"):  # the retention policy with the second tier behind it
+        retention = retention.removesuffix("+tier")
+        offload = args.offload_blocks
+        if offload <= 0:
+            raise SystemExit(f"{config_name}: give --offload-blocks N (the tier's size)")
     options = parse_options(args.workload_option)
     workload = get_workload(
         workload_name, seed=args.seed, num_requests=args.num_programs, rate=load, **options
     )
     retention_options: dict[str, object] = {"ttl": args.ttl} if retention == "ttl" else {}
     config = EngineConfig(
-        cache=CacheConfig(block_size=args.block_size),
+        cache=CacheConfig(block_size=args.block_size, offload_blocks=offload),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
@@ -161,7 +175,7 @@ def run_point(
         ),
     )
     clock: Clock = VirtualClock() if mode == "sim" else WallClock()
-    executor = SamplingExecutor(executor_factory(clock), clock)
+    executor = SamplingExecutor(executor_factory(clock, offload), clock)
     engine = Engine(
         config,
         executor,
@@ -174,13 +188,24 @@ def run_point(
         final_outputs_only=True,
     )
     if recompute is not None:
-        engine.scheduler.sessions.costs = recompute
+        sessions = engine.scheduler.sessions
+        sessions.costs = Costs(recompute.recompute_seconds, sessions.costs.copy_seconds)
     executor.engine = engine
     start = time.perf_counter()
     result = replay(engine, workload, vocab_size=vocab_size)  # ends with check_integrity
     wall = time.perf_counter() - start
     if engine.kv_cache.num_used_blocks:
         raise AssertionError(f"{engine.kv_cache.num_used_blocks} blocks leaked")
+    tier = engine.scheduler.sessions.tier
+    tier_stats: dict[str, float] = {}
+    if tier is not None:
+        if tier.num_used_slots:
+            raise AssertionError(f"{tier.num_used_slots} second-tier slots leaked")
+        tier_stats = {k: float(v) for k, v in asdict(tier.stats).items()}
+        tier_stats["copy_seconds"] = float(
+            getattr(executor.inner, "tier_seconds", 0.0)
+            or getattr(getattr(executor.inner, "tier", None), "copy_seconds", 0.0)
+        )
     pcts = [p.completion_time for p in result.programs if p.completion_time is not None]
     ttfts = [
         r.first_token_time - r.arrival_time
@@ -188,6 +213,7 @@ def run_point(
         if r.first_token_time is not None
     ]
     minimum = minimum_tokens(workload, result)
+    steady = steady_pcts(result, args.warmup_fraction, args.drain_fraction)
     samples = executor.samples
     t0 = result.start_time
     step = max(1, len(samples) // 400)
@@ -196,7 +222,7 @@ def run_point(
         workload=workload_name,
         load=load,
         policy=policy,
-        retention=retention,
+        retention=f"{retention}+tier" if offload else retention,
         num_programs=len(result.programs),
         completed=len(pcts),
         pct_mean=statistics.fmean(pcts) if pcts else math.nan,
@@ -213,7 +239,29 @@ def run_point(
         sessions=asdict(stats),
         wall_seconds=wall,
         parked_series=[(t - t0, p / num_blocks) for t, p, _ in samples[::step]],
+        seed=args.seed,
+        steady_programs=len(steady),
+        steady_mean=statistics.fmean(steady) if steady else math.nan,
+        steady_p95=_pct(steady, 95),
+        tier=tier_stats,
+        offload_blocks=offload,
     )
+
+
+def steady_pcts(result: ReplayResult, warmup: float, drain: float) -> list[float]:
+    """Completion times of the programs that arrived inside the steady window: after the first
+    `warmup` and before the last `drain` fraction of the arrival span (heddle.metrics.steady's
+    window, with the drain cut too: every program here runs to its end)."""
+    arrivals = [p.arrival_time for p in result.programs]
+    if not arrivals:
+        return []
+    first, last = min(arrivals), max(arrivals)
+    lo, hi = first + warmup * (last - first), last - drain * (last - first)
+    return [
+        p.completion_time
+        for p in result.programs
+        if p.completion_time is not None and lo <= p.arrival_time <= hi
+    ]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -239,14 +287,25 @@ def sim_setup(args: argparse.Namespace) -> dict[str, Any]:
     hardware = load_hardware_spec(args.hardware)
     cost = RooflineCostModel(model, hardware, tp=1)
     vocab = model.vocab_size
+    bandwidth = hardware.host_bandwidth
+    per_block = model.kv_bytes_per_token() * args.block_size / bandwidth if bandwidth else 0.0
+
+    def factory(clock: Clock, offload: int) -> SimulatedExecutor:
+        return SimulatedExecutor(
+            cost, clock, vocab_size=vocab,
+            tier_seconds_per_block=per_block if offload and per_block else None,
+        )
+
     return {
-        "executor_factory": lambda clock: SimulatedExecutor(cost, clock, vocab_size=vocab),
+        "executor_factory": factory,
         "num_blocks": args.num_blocks,
         "vocab_size": vocab,
         "max_model_len": None,
         "recompute": None,  # from the cost model (heddle.sessions.manager.recompute_cost_of)
         "describe": f"simulator: {args.model} on one {args.hardware} (roofline), "
-        f"{args.num_blocks} KV blocks of {args.block_size} tokens",
+        f"{args.num_blocks} KV blocks of {args.block_size} tokens; second tier (+tier): "
+        f"{args.offload_blocks} blocks at {hardware.host_bandwidth / 1e9:g} GB/s "
+        f"({per_block * 1e3:.3f} ms per block one way)",
     }
 
 
@@ -257,8 +316,13 @@ def real_setup(args: argparse.Namespace) -> dict[str, Any]:
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks)
     executor = ModelExecutor(ModelConfig(num_threads=args.threads), cache)
     seconds_per_token = measure_prefill(executor, args)
+
+    def factory(clock: Clock, offload: int) -> Any:
+        executor.attach_tier(offload)  # a fresh buffer (or none) per point
+        return executor
+
     return {
-        "executor_factory": lambda clock: executor,
+        "executor_factory": factory,
         "num_blocks": executor.num_blocks,
         "vocab_size": executor.model_shape.vocab_size,
         "max_model_len": executor.max_model_len,
@@ -364,6 +428,12 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=2.0, help="the fixed pin of `ttl` (s)")
     parser.add_argument("--threads", type=int, default=2, help="real: torch threads")
     parser.add_argument("--output-dir", default=None)
+    parser.add_argument("--offload-blocks", type=int, default=0,
+                        help="the second tier's size in blocks, for configs with +tier")
+    parser.add_argument("--seeds", default=None, help="comma-separated (overrides --seed)")
+    parser.add_argument("--warmup-fraction", type=float, default=0.2)
+    parser.add_argument("--drain-fraction", type=float, default=0.2)
+    parser.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = parser.parse_args()
     sim = args.mode == "sim"
     if args.num_blocks is None:
@@ -380,16 +450,23 @@ def main() -> None:
     out_dir = Path(args.output_dir) if args.output_dir else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    for workload in args.workloads.split(","):
-        for load in loads:
-            group = []
-            for config_name in args.configs.split(","):
-                point = run_point(args.mode, workload, load, config_name, args, **setup)
-                group.append(point)
-                print(table([point]).splitlines()[-1], f"({point.wall_seconds:.0f} s)", flush=True)
-            points.extend(group)
-            if out_dir is not None:
-                plot_parked(group, out_dir / f"parked-{args.mode}-{workload}-{load:g}.png")
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [args.seed]
+    for seed in seeds:
+        args.seed = seed
+        for workload in args.workloads.split(","):
+            for load in loads:
+                group = []
+                for config_name in args.configs.split(","):
+                    point = run_point(args.mode, workload, load, config_name, args, **setup)
+                    group.append(point)
+                    print(table([point]).splitlines()[-1], f"seed {seed}",
+                          f"steady {point.steady_mean:.1f}/{point.steady_p95:.1f} "
+                          f"({point.steady_programs})", f"({point.wall_seconds:.0f} s)",
+                          flush=True)
+                points.extend(group)
+                if out_dir is not None:
+                    name = f"parked-{args.mode}-{workload}-{load:g}-s{seed}{args.tag}.png"
+                    plot_parked(group, out_dir / name)
     print()
     print(table(points))
     if out_dir is not None:
@@ -399,7 +476,7 @@ def main() -> None:
             "machine": machine(),
             "points": [asdict(p) for p in points],
         }
-        (out_dir / f"agents-{args.mode}.json").write_text(json.dumps(data, indent=1))
+        (out_dir / f"agents-{args.mode}{args.tag}.json").write_text(json.dumps(data, indent=1))
 
 
 if __name__ == "__main__":
