@@ -9,8 +9,11 @@ of at least 10 objects, so none completes during the measurement), the rest are 
 are timed. Settings are interleaved round by round (k = 0, 1, 8, 32, then again), with the
 bitmask filled on the worker thread while the forward pass runs (`overlap`) and, for
 comparison, on the engine thread before it (`serial`). Prints medians, the overhead against
-k = 0, the mask-fill time alone, and the per-constrained-row cost the simulator's profiled
-cost model takes (`constrained_rows`); writes JSON under results/.
+k = 0 (also over the first and the second half of each round's steps: a steady overhead does
+not move between them), the mask-fill time alone, the in-batch cost per constrained row (the
+serial slope) and, beside it, what `heddle profile` measures as the simulator's per-row term
+(heddle.structured.cost.measure_row_cost: fill + apply + accept, alone, on 8 rows); writes
+JSON under results/.
 """
 
 from __future__ import annotations
@@ -28,22 +31,8 @@ from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfi
 from heddle.engine.engine import Engine
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
+from heddle.structured.cost import SCHEMA, measure_row_cost
 from heddle.structured.spec import GrammarSpec
-
-SCHEMA = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "integer"},
-            "name": {"type": "string", "maxLength": 12},
-            "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}},
-            "ok": {"type": "boolean"},
-        },
-        "required": ["id", "name", "tags", "ok"],
-    },
-    "minItems": 10,
-}
 
 
 def cpu_model() -> str:
@@ -116,6 +105,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--row-repeats", type=int, default=64,
+                        help="repeats of the per-row cost measured alone (measure_row_cost)")
     parser.add_argument("--output", default="results/grammar_overhead.json")
     args = parser.parse_args()
 
@@ -135,6 +126,7 @@ def main() -> None:
     # Warm up: compile the schema, build the kernels.
     one_round(engine, prompts, args.batch, 3, -1)
     results: dict[str, dict[int, list[float]]] = {"overlap": {}, "serial": {}}
+    halves: dict[str, dict[int, tuple[list[float], list[float]]]] = {"overlap": {}, "serial": {}}
     fills: dict[int, list[float]] = {}
     for round_index in range(args.rounds):
         for mode in ("overlap", "serial"):
@@ -142,29 +134,47 @@ def main() -> None:
             for k in args.constrained:
                 times, fill = one_round(engine, prompts, k, args.steps, round_index)
                 results[mode].setdefault(k, []).extend(times)
+                first, second = halves[mode].setdefault(k, ([], []))
+                first.extend(times[: len(times) // 2])
+                second.extend(times[len(times) // 2 :])
                 fills.setdefault(k, []).extend(fill)
     summary: dict[str, object] = {"cpu": cpu_model(), "threads": torch.get_num_threads(),
-                                  "batch": args.batch, "schema": SCHEMA, "modes": {}}
+                                  "batch": args.batch, "steps": args.steps,
+                                  "rounds": args.rounds, "schema": SCHEMA, "modes": {}}
     for mode, by_k in results.items():
         base = statistics.median(by_k[0]) if 0 in by_k else None
+        base_halves = [statistics.median(h) for h in halves[mode][0]] if base else None
         rows = {}
         print(f"\n{mode}: k constrained of {args.batch} | median step ms | overhead vs k=0 "
-              "| mask fill ms (alone)")
+              "| first half | second half | mask fill ms (alone)")
         for k, times in by_k.items():
             median = statistics.median(times)
             fill = statistics.median(fills[k]) if fills.get(k) else 0.0
             overhead = (median / base - 1) if base else 0.0
+            by_half = [0.0, 0.0]
+            if base_halves:
+                by_half = [statistics.median(h) / b - 1
+                           for h, b in zip(halves[mode][k], base_halves, strict=True)]
             rows[k] = {"median_step_s": median, "overhead": overhead, "mask_fill_s": fill,
+                       "overhead_first_half": by_half[0], "overhead_second_half": by_half[1],
                        "num_steps": len(times)}
-            print(f"  {k:3d} | {median * 1e3:8.2f} | {overhead * 100:+6.1f}% | {fill * 1e3:.3f}")
+            print(f"  {k:3d} | {median * 1e3:8.2f} | {overhead * 100:+6.1f}% "
+                  f"| {by_half[0] * 100:+6.1f}% | {by_half[1] * 100:+6.1f}% | {fill * 1e3:.3f}")
         summary["modes"][mode] = rows  # type: ignore[index]
     if 0 in results["serial"] and max(args.constrained) > 0:
         k_max = max(args.constrained)
         per_row = (statistics.median(results["serial"][k_max])
                    - statistics.median(results["serial"][0])) / k_max
         summary["constrained_row_s"] = max(per_row, 0.0)
-        print(f"\nper constrained row (serial, k={k_max}): {per_row * 1e6:.1f} us "
-              "(the profiled cost model's constrained_rows coefficient)")
+        print(f"\nper constrained row in the batch (serial slope, k=0 to {k_max}): "
+              f"{per_row * 1e6:.1f} us")
+    cost = measure_row_cost(tokenizer, executor.model_shape.vocab_size, rows=8,
+                            repeats=args.row_repeats)
+    summary["row_cost"] = cost.as_dict()
+    print(f"per constrained row alone (heddle profile's constrained_rows term, 8 rows, "
+          f"{cost.repeats} repeats): {cost.per_row_s * 1e6:.1f} us = fill "
+          f"{cost.fill_s / 8 * 1e6:.1f} + apply {cost.apply_s / 8 * 1e6:.1f} + accept "
+          f"{cost.accept_s / 8 * 1e6:.1f}")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")

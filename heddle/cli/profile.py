@@ -42,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="idle gaps (ms) after which a few shapes are timed again, for the idle warm-up "
         "the simulator adds to a step after a wait; 'none': no warm-up",
     )
+    p.add_argument(
+        "--grammar-rows", type=int, default=8,
+        help="grammar-constrained rows whose token-mask work (fill, apply, advance) is timed "
+        "for the profile's per-constrained-row term; 0: not measured (charged nothing)",
+    )
+    p.add_argument("--grammar-repeats", type=int, default=64,
+                   help="timed steps of that measurement (median)")
     p.add_argument("--from-run", default=None, metavar="RUN.json",
                    help="fit to the steps of a recorded real run instead of timing shapes")
     p.add_argument("--record-run", default=None, metavar="RUN.json",
@@ -78,6 +85,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not 0.0 <= args.held_out < 1.0:
         raise HeddleError(f"--held-out must be in [0, 1), got {args.held_out}")
     args.idle_gaps = _idle_gaps(args.idle_gaps)
+    if args.grammar_rows < 0 or args.grammar_repeats < 1:
+        raise HeddleError("--grammar-rows must be >= 0 and --grammar-repeats >= 1")
     if args.from_run:
         return _fit_from_run(args)
     from heddle.model.executor import ModelExecutor
@@ -125,7 +134,30 @@ def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
         machine=_machine(),
         idle_gaps=args.idle_gaps,
     )
+    if args.grammar_rows > 0:
+        fitted = _with_grammar_term(args, executor, fitted)
     return _report(fitted, args.output)
+
+
+def _with_grammar_term(args: argparse.Namespace, executor: Any, fitted: Any) -> Any:
+    """`fitted` with its constrained_rows term measured on the executor's tokenizer."""
+    if executor.tokenizer is None:
+        raise HeddleError("--grammar-rows needs the model's tokenizer: pass --grammar-rows 0")
+    from heddle.structured.cost import measure_row_cost
+
+    cost = measure_row_cost(
+        executor.tokenizer,
+        executor.model_shape.vocab_size,
+        rows=args.grammar_rows,
+        repeats=args.grammar_repeats,
+        seed=args.seed,
+    )
+    print(
+        f"constrained row: {cost.per_row_s * 1e6:.1f} us (bitmask fill {cost.fill_s * 1e6:.0f}"
+        f" + apply {cost.apply_s * 1e6:.0f} + advance {cost.accept_s * 1e6:.0f} us for "
+        f"{cost.rows} rows, median of {cost.repeats})"
+    )
+    return fitted.with_constrained_row_seconds(cost.per_row_s, measured=cost.as_dict())
 
 
 def _fit_from_run(args: argparse.Namespace) -> int:

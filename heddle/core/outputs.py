@@ -109,6 +109,9 @@ class SchedulerOutput:
     num_decode_rows: int = 0  # rows computing exactly one token
     decode_context_tokens: int = 0  # their context lengths (cached + new), summed
     longest_context: int = 0  # the largest context length of any row
+    # Sampling rows under a grammar (structured outputs): set by the engine, which owns the
+    # grammars; a cost model charges each its token-mask work (StepShape.num_constrained).
+    num_constrained: int = 0
 
     @property
     def num_rows(self) -> int:

@@ -120,6 +120,9 @@ class Engine:
         # grammar (they need the model's tokenizer: the simulator has none).
         self._grammars: GrammarMatchers | None = None
         self.overlap_grammar = True  # fill bitmasks while the forward pass runs
+        # Constrained requests of an engine with nothing to mask with (the simulator): only
+        # counted, so that each step's `num_constrained` charges their rows in the cost model.
+        self._unmasked_grammars: set[str] = set()
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> Engine:
@@ -244,6 +247,8 @@ class Engine:
             assert self._grammars is not None
             for request in requests:
                 self._grammars.add(request.request_id, compiled)
+        elif grammar is not None:
+            self._unmasked_grammars.update(request.request_id for request in requests)
 
     def _compile_grammar(self, grammar: GrammarSpec) -> Any:
         """The compiled grammar (cached), or None where nothing masks (the simulator, whose
@@ -321,6 +326,13 @@ class Engine:
         masks = None
         if grammars is not None and len(grammars):
             masks = scheduler_output.token_masks = self._grammar_step(scheduler_output, grammars)
+        elif self._unmasked_grammars:
+            unmasked = self._unmasked_grammars
+            so = scheduler_output
+            so.num_constrained = sum(
+                1 for rid, sample in zip(so.request_ids, so.sample, strict=True)
+                if sample and rid in unmasked
+            )  # fmt: skip
         start = self.clock.now()
         t1 = time.perf_counter()
         executor_output = self.executor.execute(scheduler_output)
@@ -335,7 +347,7 @@ class Engine:
             if masks.bitmask is not None:
                 masks.bitmask.result()  # an executor that ignored the masks: the worker is done
             self._advance_grammars(grammars, updated)
-        if grammars is not None and len(grammars):
+        if (grammars is not None and len(grammars)) or self._unmasked_grammars:
             self._drop_grammars(scheduler.finished_in_step)  # whatever ended them
         if every:
             outputs = self.outputs.process(updated, executor_output.logprobs)
@@ -363,6 +375,7 @@ class Engine:
         ]
         if not constrained:
             return None
+        so.num_constrained = len(constrained)
         return grammars.start_step(constrained, self.overlap_grammar)
 
     def _advance_grammars(self, grammars: GrammarMatchers, updated: list[Request]) -> None:
@@ -382,6 +395,10 @@ class Engine:
         if grammars is not None:
             for request in requests:
                 grammars.remove(request.request_id)
+        unmasked = self._unmasked_grammars
+        if unmasked:
+            for request in requests:
+                unmasked.discard(request.request_id)
 
     def _trim_timeline(self) -> None:
         """Forget the step times before the first token of every live request."""

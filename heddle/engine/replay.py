@@ -26,7 +26,12 @@ from heddle.metrics.programs import ProgramRecord
 from heddle.metrics.record import RequestRecord
 from heddle.metrics.steps import StepStat
 from heddle.request import SamplingParams
+from heddle.structured.spec import GrammarSpec
 from heddle.workloads import AgentRun, TokenContexts, Workload, WorkloadRequest
+
+# A constrained workload request decodes under this grammar: on the real engine the output is a
+# JSON object (it may stop before its output_len); the simulator charges its rows' mask work.
+_JSON_OBJECT = GrammarSpec.json_object()
 
 
 @dataclass(slots=True)
@@ -97,6 +102,7 @@ def replay(
                     true_output_len=request.output_len,
                     **session_fields(request),
                     true_thinking_len=request.thinking_len or None,
+                    grammar=_JSON_OBJECT if request.constrained else None,
                 )
             except HeddleError as exc:
                 result.rejected.append((request.request_id, str(exc)))

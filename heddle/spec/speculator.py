@@ -17,6 +17,9 @@ those that pay: with `adaptive`, per request from its acceptance history and the
 K, the upstream behaviour). Drafts only use budget left after the running requests' known tokens and
 the waiting requests' prompts: speculation never delays a prefill.
 
+A request under a grammar (structured outputs) is no candidate: the executor verifies drafts
+without the grammar's token mask, so its drafts could take tokens the grammar forbids.
+
 Pure Python, no torch.
 """
 
@@ -90,6 +93,8 @@ class Speculator:
             params = request.sampling_params
             if params.seed is not None or params.logprobs is not None:
                 continue
+            if request.grammar is not None:
+                continue  # drafts are verified unmasked: a grammar's rows take none
             if request.num_output_tokens < params.min_tokens:
                 continue  # the sampler holds EOS back there; verification does not
             room = min(k_max, request.max_num_tokens - len(request.all_token_ids) - 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,8 +42,9 @@ GENERATORS: MappingProxyType[str, Callable[..., Any]] = MappingProxyType(
         "agent-fanout": fanout_agent,
     }
 )
-# Options every workload accepts on top of its generator's parameters.
-COMMON_OPTIONS = ("ttft_slo", "tpot_slo")
+# Options every workload accepts on top of its generator's parameters. `constrained`: the share
+# of requests that decode under a grammar (structured outputs), picked by (seed, request id).
+COMMON_OPTIONS = ("ttft_slo", "tpot_slo", "constrained")
 
 
 def list_workloads() -> list[str]:
@@ -143,7 +145,8 @@ def get_workload(name_or_path: str, **kwargs: Any) -> Workload:
     """Build a workload by name (see list_workloads()) or from a .jsonl/.csv trace path.
 
     Keyword arguments are the generator's parameters (seed, num_requests, rate, arrival, cv,
-    length_scale, ...) plus ttft_slo/tpot_slo, which set SLOs on requests that have none.
+    length_scale, ...) plus ttft_slo/tpot_slo, which set SLOs on requests that have none, and
+    `constrained`, the share of requests (0..1) marked as decoding under a grammar.
     Arguments given as None are left at their defaults.
     """
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
@@ -171,8 +174,12 @@ def get_workload(name_or_path: str, **kwargs: Any) -> Workload:
     params.update(common)
     programs = [p for p in made if isinstance(p, AgentProgram)]
     requests: list[WorkloadRequest] = [p.first_request() for p in programs] if programs else made
+    share = common.pop("constrained", None)
     if common:
         requests = [_with_slos(r, common.get("ttft_slo"), common.get("tpot_slo")) for r in requests]
+    if share is not None:
+        requests = _constrain(name_or_path, requests, share, int(params.get("seed", 0)), programs)
+        params["constrained"] = share
     return Workload(name_or_path, params, int(params.get("seed", 0)), requests, programs)
 
 
@@ -191,6 +198,30 @@ def _bind(
     bound = signature.bind_partial(**fixed, **kwargs)
     bound.apply_defaults()
     return {k: v for k, v in bound.arguments.items() if k not in fixed}
+
+
+def _constrain(
+    name: str,
+    requests: list[WorkloadRequest],
+    share: Any,
+    seed: int,
+    programs: list[AgentProgram],
+) -> list[WorkloadRequest]:
+    """`requests` with a `share` of them (by a hash of seed and request id) constrained."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+        raise HeddleError(f"workload option constrained must be a share in [0, 1], got {share!r}")
+    if programs:
+        raise HeddleError(
+            f"workload {name!r} is an agent workload: constrained= marks the requests of "
+            "request workloads only (an agent's later calls are made as it runs)"
+        )
+    threshold = share * 2**32
+    return [
+        replace(r, constrained=True)
+        if zlib.crc32(f"{seed}:{r.request_id}".encode()) < threshold
+        else r
+        for r in requests
+    ]
 
 
 def _with_slos(r: WorkloadRequest, ttft: float | None, tpot: float | None) -> WorkloadRequest:

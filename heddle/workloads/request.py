@@ -75,6 +75,9 @@ class WorkloadRequest:
     # Reasoning workloads: output tokens of the thinking phase (closing marker included);
     # the rest of output_len is the answer. 0: no thinking phase.
     thinking_len: int = 0
+    # Structured output: the request decodes under a grammar (a JSON object), so each of its
+    # sampling steps costs token-mask work (the cost models' per-constrained-row term).
+    constrained: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.shared_prefix, tuple) or any(
