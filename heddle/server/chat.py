@@ -3,7 +3,14 @@
 With `tools`, the model's text is parsed for tool calls in the model family's format
 (`heddle.tools`): calls go to `message.tool_calls` (streamed as `delta.tool_calls`), the rest
 stays content. `tool_choice` required / named and `response_format` JSON are enforced by a
-grammar the engine applies to the sampled tokens (`heddle.structured`).
+grammar the engine applies to the sampled tokens (`heddle.structured`). For a reasoning model
+(Qwen3-style `<think>`), the reasoning is split off first and tool calls are read from the
+content after it, whole and streamed.
+
+A reply cut by `max_tokens` in the middle of a call keeps `finish_reason: "length"` (only a
+reply that stopped by itself becomes "tool_calls"), and the call is returned with the
+arguments written so far, as the OpenAI API does: a client sees from the finish reason that
+the last call is incomplete (its arguments do not parse), streamed or not.
 """
 
 from __future__ import annotations
@@ -133,8 +140,13 @@ class _View:
             if self.reasoning is not None:
                 return {"role": "assistant", **self.reasoning.message(completion.text)}, False
             return {"role": "assistant", "content": completion.text}, False
-        parsed = self.fmt.parse(completion.text)
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        text = completion.text
+        message: dict[str, Any] = {"role": "assistant"}
+        if self.reasoning is not None:  # reasoning first; calls are read from the content
+            message.update(self.reasoning.message(text))
+            text = message.get("content") or ""
+        parsed = self.fmt.parse(text)
+        message["content"] = parsed.content
         if parsed.tool_calls:
             message["tool_calls"] = [call.to_openai() for call in parsed.tool_calls]
         return message, bool(parsed.tool_calls)
@@ -176,10 +188,14 @@ class _View:
         parser = parsers.get(completion.index)
         if parser is None:
             parser = parsers[completion.index] = self.fmt.stream()
-        parsed = parser.feed(completion.delta_text)
+        text = completion.delta_text
+        delta: dict[str, Any] = {}
+        if self.reasoning is not None:  # reasoning first; calls are read from the content
+            delta = self.reasoning.delta(completion.index, text, completion.finished)
+            text = delta.pop("content", "")
+        parsed = parser.feed(text)
         if completion.finished:
             parsed.extend(parser.finish())
-        delta: dict[str, Any] = {}
         if parsed.content:
             delta["content"] = parsed.content
         if parsed.tool_calls:

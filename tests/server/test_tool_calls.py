@@ -172,6 +172,44 @@ def test_streamed_calls_equal_non_streamed(client):
     ]
 
 
+def streamed_calls(chunks) -> tuple[list[tuple[str, str]], str, str | None]:
+    calls: dict[int, list[str]] = {}
+    content, finish = "", None
+    for chunk in chunks:
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for piece in delta.tool_calls or []:
+            call = calls.setdefault(piece.index, [piece.function.name, ""])
+            call[1] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return [(name, args) for name, args in calls.values()], content, finish
+
+
+def test_a_call_cut_by_max_tokens_is_returned_as_written_with_finish_reason_length(client):
+    # As the OpenAI API does: the call the model was writing when max_tokens hit is returned
+    # with the arguments written so far (not valid JSON), and finish_reason stays "length"
+    # (never "tool_calls"), so a client knows not to run it. Streamed and not, the same.
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    kwargs = dict(messages=ASK, tools=TOOLS, tool_choice=named)
+    full = create(client, **kwargs)
+    [whole] = full.choices[0].message.tool_calls
+    assert full.choices[0].finish_reason == "tool_calls"
+    cut_at = full.usage.completion_tokens - 6  # inside the arguments object
+    cut = create(client, **kwargs, max_tokens=cut_at)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length" and cut.usage.completion_tokens == cut_at
+    [call] = choice.message.tool_calls
+    args = call.function.arguments
+    assert call.function.name == "get_weather"
+    assert whole.function.arguments.startswith(args) and args != whole.function.arguments
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(args)
+    assert not choice.message.content
+    calls, content, finish = streamed_calls(create(client, **kwargs, max_tokens=cut_at,
+                                                   stream=True))
+    assert (calls, content, finish) == ([("get_weather", args)], "", "length")
+
+
 def test_two_turn_conversation_with_a_tool_message(server, client):
     first = create(client, messages=ASK, tools=[WEATHER], tool_choice="required",
                    parallel_tool_calls=False)
