@@ -20,6 +20,11 @@ class ModelConfig:
     quantization: str = field(default="auto", metadata={"help": (
         "auto | none | int8 | int4: weight-only quantized linear layers on CPU (auto: a "
         "quantized GGUF's own blocks where they are faster, chosen per step size at load)")})
+    # auto's kernel plan is timed once per machine and cached (heddle/model/tuning_cache.py);
+    # True times it again and overwrites the cached plan.
+    retune_kernels: bool = field(default=False, metadata={"help": (
+        "time auto's kernels again at load instead of using this machine's cached plan "
+        "($HEDDLE_TUNING_CACHE, else ~/.cache/heddle/tuning)")})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16"):

@@ -3,6 +3,9 @@ transformers' (each loaded once per test run)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,24 @@ import torch
 from heddle.config import CacheConfig, ModelConfig
 from heddle.model.executor import ModelExecutor
 from heddle.model.registry import default_model_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # quantization auto's kernel plan (heddle/model/tuning_cache.py): a cache of this test run's
+    # own, shared with the processes it starts; the user's ~/.cache is neither read nor written.
+    if "HEDDLE_TUNING_CACHE" not in os.environ:
+        os.environ["HEDDLE_TUNING_CACHE"] = tempfile.mkdtemp(prefix="heddle-tuning-")
+        config.stash[_OWN_TUNING_CACHE] = os.environ["HEDDLE_TUNING_CACHE"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_TUNING_CACHE, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+        del os.environ["HEDDLE_TUNING_CACHE"]
+
+
+_OWN_TUNING_CACHE = pytest.StashKey[str]()
 
 
 @pytest.fixture(scope="session")

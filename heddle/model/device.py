@@ -66,6 +66,23 @@ _SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni
                "amx_bf16", "amx_int8")
 
 
+def cpu_identity() -> str:
+    """The CPU's model name and its full flags line: what code tuned or compiled for this CPU
+    must not be reused without (kernel builds, the tuned kernel plan)."""
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = value.strip()
+                break
+    except OSError:
+        pass
+    return f"{model}; {flags}"
+
+
 def cpu_description() -> str:
     """`<model name>, N cores; flags: ...` from /proc/cpuinfo, for benchmark reports."""
     model, flags = platform.processor() or platform.machine(), []

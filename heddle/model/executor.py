@@ -35,9 +35,11 @@ class ModelExecutor:
     """
 
     def __init__(self, model_config: ModelConfig, cache_config: CacheConfig, *,
-                 use_decode_kernel: bool = True) -> None:
+                 use_decode_kernel: bool = True,
+                 float_kinds: frozenset[str] = frozenset()) -> None:
         """`use_decode_kernel=False` forces the plain-torch attention (the C decode kernel is
-        otherwise used for float32 on CPU when it builds; see heddle.model.kernels)."""
+        otherwise used for float32 on CPU when it builds; see heddle.model.kernels).
+        `float_kinds`: linear kinds kept unquantized (heddle.model.linear_plan.LinearBuilder)."""
         self.device = resolve_device(model_config.device)
         self.dtype = resolve_dtype(model_config.dtype, self.device)
         if model_config.num_threads:
@@ -57,8 +59,8 @@ class ModelExecutor:
                                           device=self.device, max_positions=self.max_model_len,
                                           use_decode_kernel=use_decode_kernel,
                                           quantization=model_config.quantization,
-                                          blocks=loaded.blocks)
-            self.quantization = self.model.tune_linears()
+                                          blocks=loaded.blocks, float_kinds=float_kinds)
+            self.quantization = self.model.tune_linears(model_config.retune_kernels)
         loaded.weights.clear()
         loaded.blocks.clear()
         self.model_shape = spec.shape(self.model_name, str(self.dtype).removeprefix("torch."))

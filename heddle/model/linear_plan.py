@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ class LinearBuilder:
     device: torch.device
     blocks: dict[str, BlockQuantized] = field(default_factory=dict)  # the file's own, HF names
     built: list[DispatchLinear] = field(default_factory=list)
+    # Kinds (qkv, o, gate_up, down, lm_head) kept on the float path whatever the mode: to find
+    # which layers cost quality (benchmarks/quant_quality.py --float-kinds).
+    float_kinds: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.mode not in QUANTIZATION_MODES:
@@ -108,7 +112,7 @@ class LinearBuilder:
         """One layer computing the rows of `weights` (float, [N_i, K] each) stacked in order;
         `names` are their checkpoint names (to find the file's own blocks)."""
         float_weight = torch.cat(list(weights)) if len(weights) > 1 else weights[0]
-        if self.mode == "none":
+        if self.mode == "none" or kind in self.float_kinds:
             return Linear(float_weight.to(device=self.device, dtype=self.dtype), bias)
         blocks = [self.blocks.get(name) for name in names]
         file_blocks = (BlockQuantized.cat([b for b in blocks if b is not None])
@@ -140,51 +144,90 @@ class LinearBuilder:
         return Int8Linear(weight, self.dtype)
 
 
+# A quantized kernel keeps a row count only if it is at least this much faster than the float
+# path there (median of the rounds); near a tie the float path runs: it is the exact one, and a
+# choice decided by noise would differ from one tuning to the next.
+TUNE_MARGIN = 0.10
+TUNE_ROUNDS = 5
+NOISY_SPREAD = 0.5
+TUNE_RULE = f"median of {TUNE_ROUNDS}, quantized if >= {TUNE_MARGIN:.0%} faster, rows {TUNE_ROWS}"
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchChoice:
     kind: str
     kernel: str  # "int4" / "int8"
     max_rows: int  # 0: never the quantized kernel
-    timings_us: dict[int, tuple[float, float]]  # rows -> (quantized, float) per pass, us
+    timings_us: dict[int, tuple[float, float]]  # rows -> (quantized, float) medians, us
+    # The largest (max - min) / median over one path's rounds at one row count: above
+    # NOISY_SPREAD the machine was busy while timing, and the plan is not worth caching.
+    spread: float = 0.0
 
 
-def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = 3,
-                  clock: Callable[[], float] = time.perf_counter) -> list[DispatchChoice]:
-    """Set `max_rows` of every layer that has both paths, per kind, by timing both.
-
-    For each kind and row count one pass runs the kind's layer of every decoder layer (so the
-    weights stream from memory as in a real step, not from cache); the best of `rounds`
-    interleaved passes counts. The quantized kernel keeps the row counts up to the first one
-    where it is slower.
-    """
+def dispatch_groups(layers: Sequence[DispatchLinear]) -> dict[str, list[DispatchLinear]]:
+    """The layers that have both paths, by kind (in order of first appearance)."""
     by_kind: dict[str, list[DispatchLinear]] = {}
     for layer in layers:
         if layer.small is not None and layer.large is not None:
             by_kind.setdefault(layer.kind, []).append(layer)
+    return by_kind
+
+
+def kernel_name(layer: DispatchLinear) -> str:
+    return "int4" if isinstance(layer.small, Int4Linear) else "int8"
+
+
+def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = TUNE_ROUNDS,
+                  clock: Callable[[], float] = time.perf_counter,
+                  margin: float = TUNE_MARGIN) -> list[DispatchChoice]:
+    """Choose `max_rows` of every layer that has both paths, per kind, by timing both, and set it.
+
+    For each kind and row count one pass runs the kind's layer of every decoder layer (so the
+    weights stream from memory as in a real step, not from cache); `rounds` interleaved passes
+    of each path, compared by their medians. The quantized kernel keeps the row counts up to
+    the first one where it is not at least `margin` faster.
+    """
     choices = []
-    for kind, group in by_kind.items():
+    for kind, group in dispatch_groups(layers).items():
         small_fns: list[LinearLayer] = [layer.small for layer in group if layer.small is not None]
         large_fns: list[LinearLayer] = [layer.large for layer in group if layer.large is not None]
         timings: dict[int, tuple[float, float]] = {}
-        max_rows = 0
+        max_rows, spread = 0, 0.0
         for rows in TUNE_ROWS:
             x = torch.randn(rows, group[0].in_features).to(_dtype_of(group[0]))
-            small_time = large_time = float("inf")
+            _pass(small_fns, x, clock), _pass(large_fns, x, clock)  # warm-up: first-call costs
+            small_times, large_times = [], []
             for _ in range(rounds):
-                small_time = min(small_time, _pass(small_fns, x, clock))
-                large_time = min(large_time, _pass(large_fns, x, clock))
+                small_times.append(_pass(small_fns, x, clock))
+                large_times.append(_pass(large_fns, x, clock))
+            small_time, large_time = statistics.median(small_times), statistics.median(large_times)
             timings[rows] = (small_time * 1e6, large_time * 1e6)
-            if small_time > large_time:
+            spread = max(spread, _spread(small_times), _spread(large_times))
+            if small_time > large_time * (1 - margin):
                 break
             max_rows = rows
-        kernel = "int4" if isinstance(group[0].small, Int4Linear) else "int8"
+        choices.append(DispatchChoice(kind, kernel_name(group[0]), max_rows, timings, spread))
+    apply_plan(layers, {c.kind: c.max_rows for c in choices})
+    return choices
+
+
+def _spread(times: list[float]) -> float:
+    median = statistics.median(times)
+    return (max(times) - min(times)) / median if median > 0 else 0.0
+
+
+def apply_plan(layers: Sequence[DispatchLinear], plan: dict[str, int]) -> None:
+    """Set each two-path layer's `max_rows` from `plan` (kind -> the largest row count that
+    runs the quantized kernel; 0 frees the quantized kernel)."""
+    for kind, group in dispatch_groups(layers).items():
+        if kind not in plan:
+            raise ValueError(f"the kernel plan has no entry for {kind}")
+        max_rows = plan[kind]
         for layer in group:
             if max_rows == 0:
                 layer.drop_small()
             else:
                 layer.max_rows = max_rows if max_rows < TUNE_ROWS[-1] else 1 << 62
-        choices.append(DispatchChoice(kind, kernel, max_rows, timings))
-    return choices
 
 
 def _dtype_of(layer: DispatchLinear) -> torch.dtype:
@@ -218,12 +261,17 @@ def _dtype_bytes(layer: LinearLayer) -> int:
 
 def describe(choices: Sequence[DispatchChoice]) -> str:
     """One line: which kernel runs up to how many rows, per kind."""
+    return describe_plan({c.kind: c.max_rows for c in choices},
+                         {c.kind: c.kernel for c in choices})
+
+
+def describe_plan(plan: dict[str, int], kernels: dict[str, str]) -> str:
     parts = []
-    for choice in choices:
-        if choice.max_rows == 0:
-            parts.append(f"{choice.kind}: float")
-        elif choice.max_rows >= TUNE_ROWS[-1]:
-            parts.append(f"{choice.kind}: {choice.kernel} at <= {TUNE_ROWS[-1]}+ rows")
+    for kind, max_rows in plan.items():
+        if max_rows == 0:
+            parts.append(f"{kind}: float")
+        elif max_rows >= TUNE_ROWS[-1]:
+            parts.append(f"{kind}: {kernels[kind]} at <= {TUNE_ROWS[-1]}+ rows")
         else:
-            parts.append(f"{choice.kind}: {choice.kernel} at <= {choice.max_rows} rows")
+            parts.append(f"{kind}: {kernels[kind]} at <= {max_rows} rows")
     return "; ".join(parts)

@@ -8,7 +8,6 @@ q/k/v into one matmul, gate/up into another.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 
@@ -20,17 +19,10 @@ from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attenti
 from heddle.model.attention_metadata import AttentionMetadata
 from heddle.model.kernels import load_decode_kernel
 from heddle.model.layers import RotaryEmbedding, rms_norm, rope_inv_freq
-from heddle.model.linear_plan import (
-    LinearBuilder,
-    LinearLayer,
-    describe,
-    linear_weight_bytes,
-    tune_dispatch,
-)
+from heddle.model.linear_plan import LinearBuilder, LinearLayer, linear_weight_bytes
 from heddle.model.quant import BlockQuantized
 from heddle.model.spec import ModelSpec
-
-logger = logging.getLogger(__name__)
+from heddle.model.tuning_cache import plan_dispatch
 
 # attend(q [T, H, D], k [T, KVH, D], v [T, KVH, D], kv_cache, scale) -> [T, H * D]: stores the
 # new K/V in the layer's paged cache and attends.
@@ -108,13 +100,15 @@ class LlamaForCausalLM:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], *,
                  dtype: torch.dtype, device: torch.device, max_positions: int,
                  use_decode_kernel: bool = True, quantization: str = "none",
-                 blocks: dict[str, BlockQuantized] | None = None) -> None:
-        """`quantization` and `blocks` (a GGUF's own quantized matrices): see
+                 blocks: dict[str, BlockQuantized] | None = None,
+                 float_kinds: frozenset[str] = frozenset()) -> None:
+        """`quantization`, `blocks` (a GGUF's own quantized matrices) and `float_kinds`: see
         heddle.model.linear_plan."""
         self.spec = spec
         self.dtype = dtype
         self.device = device
-        self.linears = LinearBuilder(quantization, dtype, device, dict(blocks or {}))
+        self.linears = LinearBuilder(quantization, dtype, device, dict(blocks or {}),
+                                     float_kinds=float_kinds)
         weights = dict(weights)  # layers pop what they use
         embed = weights.pop("model.embed_tokens.weight", None)
         if embed is None:
@@ -144,18 +138,16 @@ class LlamaForCausalLM:
         if unused:  # e.g. MLP biases: refuse rather than silently compute something else
             raise ModelLoadError(f"unsupported weights in checkpoint: {', '.join(unused[:3])}")
 
-    def tune_linears(self) -> str:
-        """Choose the kernel per row count of layers that have two (quantization auto); returns
-        a one-line description of what runs, for the log."""
+    def tune_linears(self, retune: bool = False) -> str:
+        """Choose the kernel per row count of layers that have two (quantization auto): this
+        machine's cached plan, or timed now and cached (heddle.model.tuning_cache; `retune`
+        times again). Returns a one-line description of what runs, for the log."""
         mode = self.linears.mode
         if mode == "none":
             return "none"
         if mode != "auto":
             return mode
-        choices = tune_dispatch(self.linears.built)
-        description = describe(choices)
-        logger.info("quantization auto: %s", description)
-        return f"auto ({description})"
+        return f"auto ({plan_dispatch(self.linears.built, self.dtype, retune)})"
 
     @property
     def weight_bytes(self) -> int:

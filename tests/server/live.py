@@ -43,9 +43,10 @@ def shared_executor() -> Any:
     from heddle.model.executor import ModelExecutor
 
     require_embedded_model()
-    # quantization "none": auto times its kernels at load, so two processes may pick different
-    # ones; tests that compare an engine core in its own process with this one need the same.
-    return ModelExecutor(ModelConfig(num_threads=2, quantization="none"), CACHE)
+    # quantization auto (the default): an engine core started by a test reads the kernel plan
+    # this process tuned (tests/conftest.py points both at one HEDDLE_TUNING_CACHE), so the two
+    # run the same kernels and their logprobs agree.
+    return ModelExecutor(ModelConfig(num_threads=2), CACHE)
 
 
 def real_engine(max_model_len: int = MAX_MODEL_LEN, **scheduler: Any) -> Engine:
@@ -70,7 +71,7 @@ def free_port() -> int:
 
 def core_config(max_model_len: int = MAX_MODEL_LEN, **scheduler: Any) -> EngineConfig:
     """The config of real_engine(), for an engine core in its own process."""
-    model = ModelConfig(num_threads=2, max_model_len=max_model_len, quantization="none")
+    model = ModelConfig(num_threads=2, max_model_len=max_model_len)
     return EngineConfig(model=model, cache=CACHE, scheduler=SchedulerConfig(**scheduler))
 
 

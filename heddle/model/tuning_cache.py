@@ -1,0 +1,198 @@
+"""The per-machine cache of `--quantization auto`'s kernel plan.
+
+Timing kernels at load is noisy: two processes on one machine (the in-process engine and an
+engine core in its own process, or two servers) could pick different kernels near a crossover
+and then return different logprobs for the same request. So the plan `tune_dispatch` measures
+is written once per machine and read by every later process: a JSON file under the cache
+directory, named by a hash of everything the timings depend on: the CPU (model name and its
+full flags line), the torch version, the number of torch threads, the compute dtype, the
+layer shapes and kernels of each kind, the row counts tried and the tuning rule. A process that
+finds its key's file applies it without timing anything; one that does not times, writes the
+file atomically, and holds a lock meanwhile so that processes starting at once wait for the
+first one's plan instead of timing their own. A plan timed on a busy machine (one path's rounds
+spread by more than NOISY_SPREAD of their median) is used by its process but not cached: a
+later, quieter start times again.
+
+Cache directory: $HEDDLE_TUNING_CACHE, else $XDG_CACHE_HOME/heddle/tuning (~/.cache/...).
+`ModelConfig.retune_kernels` (`--retune-kernels`) times again and overwrites the file.
+`python -m heddle.model.tuning_cache` prints the cached plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from heddle.model.device import cpu_identity
+from heddle.model.linear_plan import (
+    NOISY_SPREAD,
+    TUNE_RULE,
+    DispatchLinear,
+    apply_plan,
+    describe_plan,
+    dispatch_groups,
+    kernel_name,
+    tune_dispatch,
+)
+
+logger = logging.getLogger(__name__)
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KindShape:
+    """What a kind's timings depend on: its kernel, layer shape and how many layers it has."""
+
+    kind: str
+    kernel: str  # "int4" / "int8"
+    in_features: int
+    out_features: int
+    num_layers: int
+
+
+def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool = False,
+                  clock: Callable[[], float] = time.perf_counter) -> str:
+    """Set every two-path layer's row-count threshold from this machine's cached plan, or time
+    them (tune_dispatch) and cache the plan. Returns the one-line description of the plan."""
+    groups = dispatch_groups(layers)
+    if not groups:
+        return "no layer has two kernels"
+    kernels = {kind: kernel_name(group[0]) for kind, group in groups.items()}
+    shapes = [KindShape(kind, kernels[kind], group[0].in_features, group[0].out_features,
+                        len(group)) for kind, group in groups.items()]
+    key = plan_key(shapes, dtype, TUNE_RULE)
+    path = plan_path(key)
+    with plan_lock(path):
+        cached = None if retune else read_plan(path, key)
+        if cached is not None:
+            stored = cached["plan"]
+            assert isinstance(stored, dict)
+            plan = {kind: int(stored[kind]) for kind in groups}  # the layers' order
+            apply_plan(layers, plan)
+            description = describe_plan(plan, kernels)
+            logger.info("quantization auto: kernel plan from %s: %s", path, description)
+            return description
+        choices = tune_dispatch(layers, clock=clock)
+        plan = {c.kind: c.max_rows for c in choices}
+        description = describe_plan(plan, kernels)
+        timings = {c.kind: {str(rows): list(t) for rows, t in c.timings_us.items()}
+                   for c in choices}
+        spread = max(c.spread for c in choices)
+        if spread > NOISY_SPREAD:
+            # Timed on a busy machine: good enough for this process, not for every later one.
+            logger.warning("quantization auto: kernel timings too noisy to cache (spread %.0f%% "
+                           "> %.0f%%); tuned plan for this process only: %s", 100 * spread,
+                           100 * NOISY_SPREAD, description)
+            return description
+        try:
+            write_plan(path, key, plan, timings, description)
+        except OSError as e:  # a read-only cache: the plan still holds for this process
+            logger.warning("could not cache the kernel plan at %s: %s", path, e)
+        logger.info("quantization auto: tuned kernel plan (cached at %s): %s", path, description)
+        return description
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("HEDDLE_TUNING_CACHE")
+    if override:
+        return Path(override)
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "heddle" / "tuning"
+
+
+def plan_key(shapes: list[KindShape], dtype: torch.dtype, rule: str) -> dict[str, object]:
+    """Everything a plan's timings depend on (hashed into the file name, stored in the file)."""
+    return {
+        "format": PLAN_FORMAT,
+        "cpu": cpu_identity(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtype": str(dtype).removeprefix("torch."),
+        "kinds": [[s.kind, s.kernel, s.in_features, s.out_features, s.num_layers]
+                  for s in shapes],
+        "rule": rule,
+    }
+
+
+def plan_path(key: dict[str, object]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / f"plan-{digest}.json"
+
+
+def read_plan(path: Path, key: dict[str, object]) -> dict[str, object] | None:
+    """The cached plan at `path` if it is readable and was made for exactly `key`."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    plan = data.get("plan")
+    kinds = [entry[0] for entry in key["kinds"]]  # type: ignore[attr-defined]
+    if not isinstance(plan, dict) or sorted(plan) != sorted(kinds) or not all(
+        isinstance(v, int) and v >= 0 for v in plan.values()
+    ):
+        return None
+    return data
+
+
+def write_plan(path: Path, key: dict[str, object], plan: dict[str, int],
+               timings: dict[str, dict[str, list[float]]], description: str) -> None:
+    """Write atomically (a reader sees the old file or the whole new one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"key": key, "plan": plan, "description": description, "timings_us": timings}
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+        json.dump(body, f, indent=1, sort_keys=True)
+        tmp = f.name
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def plan_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock beside the plan file, held while one process tunes."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 (closed below)
+    except OSError as e:  # no writable cache: tune unlocked, uncached
+        logger.warning("kernel plan cache %s is not writable: %s", path.parent, e)
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def main() -> None:
+    directory = cache_dir()
+    plans = sorted(directory.glob("plan-*.json")) if directory.is_dir() else []
+    if not plans:
+        print(f"no tuned kernel plans in {directory}")
+        return
+    for path in plans:
+        try:
+            data = json.loads(path.read_text())
+            key = data["key"]
+            print(f"{path}: {key['dtype']}, {key['threads']} threads, torch {key['torch']}: "
+                  f"{data['description']}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"{path}: unreadable ({e})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
