@@ -117,9 +117,6 @@ def paged_attention(
         backend.decode_kernel.store(kv_cache, k, v, metadata.slot_mapping)
     else:
         write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
-    out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
-    gather_buffer = backend.gather_buffer if backend is not None else None
-
     tables = metadata.decode_tables
     if tables is not None:
         if backend is None or backend.decode_kernel is None:
@@ -128,8 +125,13 @@ def paged_attention(
         attn = backend.decode_kernel(
             kv_cache, q[:batch].view(batch, num_kv_heads, group, head_dim).float() * scale,
             tables.block_tables, tables.context_lens, metadata.sliding_window,
-        )  # [batch, KVH, group, D]
-        out[:batch] = attn.view(batch, num_heads * head_dim)  # (cast to the model's dtype)
+        ).view(batch, num_heads * head_dim)  # float32
+        if batch == num_tokens:  # a decode-only step: nothing else to attend
+            return attn.to(q.dtype)
+    out = torch.empty((num_tokens, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    gather_buffer = backend.gather_buffer if backend is not None else None
+    if tables is not None:
+        out[: metadata.num_decode_tokens] = attn  # (cast to the model's dtype)
 
     for group_rows in metadata.decode_groups:
         # Two batched matmuls over (head, request) pairs; on CPU this matched or beat SDPA's

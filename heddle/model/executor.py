@@ -245,8 +245,11 @@ class ModelExecutor:
                     sample_index.extend(range(offset - 1 - r.num_drafts, offset))
                 else:
                     sample_index.append(offset - 1)
-        index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, index))
+        if len(sample_index) == offset:  # every row samples (a decode-only step): no gather
+            logits = self.model.compute_logits(hidden)
+        else:
+            index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, index))
         return ordered, logits
 
     def _run(
