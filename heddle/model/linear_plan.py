@@ -9,7 +9,9 @@
   the file's own numbers; Q8_0 runs int8 per channel) beside the float path, and which one runs
   depends on the step's row count: at load time `tune_dispatch` times both over every layer of
   each kind (qkv, o, gate_up, down, lm_head) at 1, 2, 4, ... rows and keeps the quantized kernel
-  up to the largest row count where it is still faster. Weight-only kernels win where a step is
+  up to the largest row count where it is still clearly faster (medians, a 10% margin); the
+  plan is timed once per machine and cached (heddle.model.tuning_cache), so every process on
+  the machine runs the same kernels. Weight-only kernels win where a step is
   bound by weight bytes (few rows: decoding) and lose where it is bound by arithmetic (a prefill
   chunk), and where the crossover lies differs per CPU (AMX vs AVX-512 vs AVX2): hence a
   measurement, not a table. A float checkpoint runs `auto` as `none`: auto never quantizes what
@@ -159,8 +161,8 @@ class DispatchChoice:
     kernel: str  # "int4" / "int8"
     max_rows: int  # 0: never the quantized kernel
     timings_us: dict[int, tuple[float, float]]  # rows -> (quantized, float) medians, us
-    # The largest (max - min) / median over one path's rounds at one row count: above
-    # NOISY_SPREAD the machine was busy while timing, and the plan is not worth caching.
+    # The largest spread (_spread) of one path's rounds at one row count: above NOISY_SPREAD
+    # the machine was busy while timing, and the plan is not worth caching.
     spread: float = 0.0
 
 
@@ -212,8 +214,13 @@ def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = TUNE_ROUNDS,
 
 
 def _spread(times: list[float]) -> float:
+    """How far one path's rounds disagree: (second largest - second smallest) / median, so a
+    single outlier (an interrupt, a page fault) does not count, a busy machine does."""
+    ordered = sorted(times)
+    if len(ordered) >= 4:
+        ordered = ordered[1:-1]
     median = statistics.median(times)
-    return (max(times) - min(times)) / median if median > 0 else 0.0
+    return (ordered[-1] - ordered[0]) / median if median > 0 else 0.0
 
 
 def apply_plan(layers: Sequence[DispatchLinear], plan: dict[str, int]) -> None:

@@ -10,8 +10,8 @@ layer shapes and kernels of each kind, the row counts tried and the tuning rule.
 finds its key's file applies it without timing anything; one that does not times, writes the
 file atomically, and holds a lock meanwhile so that processes starting at once wait for the
 first one's plan instead of timing their own. A plan timed on a busy machine (one path's rounds
-spread by more than NOISY_SPREAD of their median) is used by its process but not cached: a
-later, quieter start times again.
+spread by more than NOISY_SPREAD of their median, an outlier at each end not counted) is used
+by its process but not cached: a later, quieter start times again.
 
 Cache directory: $HEDDLE_TUNING_CACHE, else $XDG_CACHE_HOME/heddle/tuning (~/.cache/...).
 `ModelConfig.retune_kernels` (`--retune-kernels`) times again and overwrites the file.
@@ -98,7 +98,7 @@ def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool
                            100 * NOISY_SPREAD, description)
             return description
         try:
-            write_plan(path, key, plan, timings, description)
+            write_plan(path, key, plan, timings, description, spread)
         except OSError as e:  # a read-only cache: the plan still holds for this process
             logger.warning("could not cache the kernel plan at %s: %s", path, e)
         logger.info("quantization auto: tuned kernel plan (cached at %s): %s", path, description)
@@ -150,10 +150,12 @@ def read_plan(path: Path, key: dict[str, object]) -> dict[str, object] | None:
 
 
 def write_plan(path: Path, key: dict[str, object], plan: dict[str, int],
-               timings: dict[str, dict[str, list[float]]], description: str) -> None:
+               timings: dict[str, dict[str, list[float]]], description: str,
+               spread: float = 0.0) -> None:
     """Write atomically (a reader sees the old file or the whole new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = {"key": key, "plan": plan, "description": description, "timings_us": timings}
+    body = {"key": key, "plan": plan, "description": description, "timings_us": timings,
+            "spread": spread}
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
         json.dump(body, f, indent=1, sort_keys=True)
         tmp = f.name
