@@ -27,6 +27,15 @@ intervals): the garbage collector stops tracking such tuples after its first pas
 ring costs the collector nothing. With dataclasses in the ring, the collector's passes over
 tens of thousands of live events were most of what the events cost a simulation. Readers get
 the dataclasses below (`events_since`, iteration), built when they read.
+
+Evictions are the one kind of event a busy pool makes on most steps, several times a step, so
+they are recorded flat: the KV pool appends each evicted block's id to `evicted_blocks` and the
+cache manager the id of the request it went to, one entry per block, to `evicted_for` (no call
+into the log, no object per allocation). A step that evicted adds one small `(kind, step, time,
+start, end)` entry to the ring: positions into those two lists. The lists are a bounded detail
+ring of their own (`detail_capacity` blocks, the older half dropped when they hold twice that);
+an `Eviction` is built from them when it is read, and one whose detail has been dropped keeps
+its count and loses its block and request ids.
 """
 
 from __future__ import annotations
@@ -157,30 +166,24 @@ _STALL, _PREEMPT, _EVICT, _STOP, _RECOMPUTE = range(5)
 _TYPES: tuple[Any, ...] = (StallInterval, Preemption, Eviction, QueueStop, Recompute)
 
 
-def _event(raw: tuple[Any, ...]) -> Event:
-    kind = raw[0]
-    if kind == _STALL:
-        _, rid, cls, queue, s0, s1, t0, t1, seconds = raw
-        return StallInterval(rid, cls, queue, s0, s1, t0, t1, dict(seconds))
-    if kind == _EVICT:
-        _, step, now, num_blocks, whom, what, blocks = raw
-        return Eviction(step, now, num_blocks, tuple(dict.fromkeys(whom)), what, blocks)
-    event: Event = _TYPES[kind](*raw[1:])
-    return event
-
-
 class _Waiting:
     """A preempted request until it is back: what it had, and which of its blocks were cached."""
 
-    __slots__ = ("cached_blocks", "num_computed", "num_events", "step")
+    __slots__ = ("cached_blocks", "evicted_from", "num_computed", "num_events", "step")
 
     def __init__(
-        self, step: int, num_computed: int, cached_blocks: frozenset[int], num_events: int
+        self,
+        step: int,
+        num_computed: int,
+        cached_blocks: frozenset[int],
+        num_events: int,
+        evicted_from: int,
     ):
         self.step = step
         self.num_computed = num_computed
         self.cached_blocks = cached_blocks
         self.num_events = num_events  # the log's event count then: evictions after it matter
+        self.evicted_from = evicted_from  # the log's evicted-block count then
 
 
 class DecisionLog:
@@ -191,10 +194,16 @@ class DecisionLog:
     (set by the scheduler) names a request's blocks that are in the prefix cache.
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, detail_capacity: int | None = None):
         if capacity < 1:
             raise ValueError("a decision log needs room for at least one event")
+        if detail_capacity is not None and detail_capacity < 1:
+            raise ValueError("a decision log needs room for at least one evicted block")
         self.capacity = capacity
+        # Evicted blocks whose ids (and requests) are kept: between this and twice this.
+        self.detail_capacity = (
+            max(8 * capacity, 1024) if detail_capacity is None else detail_capacity
+        )
         self._ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
         self.num_events = 0  # appended since the start (the ring keeps the last `capacity`)
         # Cumulative seconds charged, per queue and reason, to whoever waits behind a stop.
@@ -214,9 +223,12 @@ class DecisionLog:
         self.now = 0.0
         self._in_step = self._began = False
         self.num_preemptions = 0
-        self.num_evicted_blocks = 0
-        self._evicted_ids: list[int] = []
-        self._evicted_for: list[str] = []
+        # The eviction detail: per evicted block, its id and the request it went to (appended
+        # by the KV pool and cache manager); `_evicted_base` blocks were dropped before them.
+        self.evicted_blocks: list[int] = []
+        self.evicted_for: list[str] = []
+        self._evicted_base = 0
+        self._evicted_logged = 0  # of the lists, the entries already in a ring event
         self.cached_blocks_of: Callable[[Request], Sequence[int]] | None = None
         self._preempted: dict[str, _Waiting] = {}  # preempted, not yet back
         # Back and recomputing: request -> (waiting info, start step, start time, num cached,
@@ -228,8 +240,29 @@ class DecisionLog:
     def __len__(self) -> int:
         return len(self._ring)
 
+    @property
+    def num_evicted_blocks(self) -> int:
+        """Cached blocks evicted since the start."""
+        return self._evicted_base + len(self.evicted_blocks)
+
     def __iter__(self) -> Iterator[Event]:
-        return (_event(raw) for raw in self._ring)
+        return (self._event(raw) for raw in self._ring)
+
+    def _event(self, raw: tuple[Any, ...]) -> Event:
+        kind = raw[0]
+        if kind == _STALL:
+            _, rid, cls, queue, s0, s1, t0, t1, seconds = raw
+            return StallInterval(rid, cls, queue, s0, s1, t0, t1, dict(seconds))
+        if kind == _EVICT:
+            _, step, now, start, end = raw
+            lo, hi = start - self._evicted_base, end - self._evicted_base
+            if lo < 0:  # its detail fell off the detail ring
+                return Eviction(step, now, end - start, ())
+            whom = tuple(dict.fromkeys(self.evicted_for[lo:hi]))
+            blocks = tuple(self.evicted_blocks[lo:hi])
+            return Eviction(step, now, end - start, whom, "cached", blocks)
+        event: Event = _TYPES[kind](*raw[1:])
+        return event
 
     def events_since(self, seen: int) -> list[Event]:
         """The events appended after the first `seen` (as many as the ring still holds)."""
@@ -238,8 +271,8 @@ class DecisionLog:
             return []
         ring = self._ring
         if new >= len(ring):
-            return [_event(raw) for raw in ring]
-        return [_event(ring[i]) for i in range(len(ring) - new, len(ring))]
+            return [self._event(raw) for raw in ring]
+        return [self._event(ring[i]) for i in range(len(ring) - new, len(ring))]
 
     def is_stalled(self, request_id: str) -> bool:
         return request_id in self._open
@@ -250,8 +283,8 @@ class DecisionLog:
 
     # -- the scheduler's verbs --------------------------------------------------------------
     def begin_step(self, step_id: int, now: float) -> None:
-        if self._evicted_for:
-            self._flush_evictions()
+        if len(self.evicted_blocks) != self._evicted_logged:  # evicted between steps
+            self._log_evictions()
         if self._recomputing:
             self._check_recomputes()
         self.step_id = step_id
@@ -325,7 +358,11 @@ class DecisionLog:
         if victim.num_computed_tokens:
             cached = self.cached_blocks_of(victim) if self.cached_blocks_of else ()
             self._preempted[victim_id] = _Waiting(
-                self.step_id, victim.num_computed_tokens, frozenset(cached), self.num_events
+                self.step_id,
+                victim.num_computed_tokens,
+                frozenset(cached),
+                self.num_events,
+                self.num_evicted_blocks,
             )
         if victim_id in self._open:
             # It was already left out (running): that wait ends, one in the waiting queue
@@ -336,21 +373,25 @@ class DecisionLog:
 
     def evicted(self, request_id: str, block_ids: Sequence[int]) -> None:
         """Allocating for `request_id` reused `block_ids`, blocks that held cached KV (logged
-        as one event at the end of the step)."""
-        self.num_evicted_blocks += len(block_ids)
-        self._evicted_ids += block_ids
-        self._evicted_for.append(request_id)
+        as one event at the end of the step). The KV cache manager writes the two lists itself
+        (`KVCacheManager.events`); this is the same for any other caller."""
+        self.evicted_blocks += block_ids
+        self.evicted_for += (request_id,) * len(block_ids)
 
-    def _flush_evictions(self) -> None:
-        # The requests as they came (repeats included): readers get them once each (`_event`).
-        whom = self._evicted_for
-        blocks = tuple(self._evicted_ids)
+    def _log_evictions(self) -> None:
+        """One ring event for the blocks evicted since the last: positions into the detail."""
+        blocks = self.evicted_blocks
+        base = self._evicted_base
         self._ring.append(
-            (_EVICT, self.step_id, self.now, len(blocks), tuple(whom), "cached", blocks)
+            (_EVICT, self.step_id, self.now, base + self._evicted_logged, base + len(blocks))
         )
         self.num_events += 1
-        whom.clear()
-        self._evicted_ids.clear()
+        if len(blocks) > 2 * self.detail_capacity:  # drop the older half of the detail
+            drop = len(blocks) - self.detail_capacity
+            del blocks[:drop]
+            del self.evicted_for[:drop]
+            self._evicted_base += drop
+        self._evicted_logged = len(blocks)
 
     def finished(self, request: Request) -> None:
         """The request left (finished, aborted): a recompute it was in ends unfinished."""
@@ -365,8 +406,8 @@ class DecisionLog:
         engine's stall accounting charges them)."""
         self._in_step = False
         self._last_end = self.now + charged
-        if self._evicted_for:
-            self._flush_evictions()
+        if len(self.evicted_blocks) != self._evicted_logged:
+            self._log_evictions()
         stops = self._stops
         last = self._last_stops
         # Nothing stopped this step nor the last: no counter moves, no event (most steps).
@@ -458,21 +499,34 @@ class DecisionLog:
         lost: set[int] = set()
         steps: list[int] = []
         for_ids: list[str] = []
-        if waited.cached_blocks:
-            ring = self._ring
-            new = min(self.num_events - waited.num_events, len(ring))
-            pending = [(self.step_id, tuple(self._evicted_ids), tuple(self._evicted_for))]
-            past = (
-                (raw[1], raw[6], raw[4])
-                for raw in (ring[i] for i in range(len(ring) - new, len(ring)))
-                if raw[0] == _EVICT
-            )
-            for step, blocks, whom in (*past, *pending):
-                hit = waited.cached_blocks.intersection(blocks)
-                if hit:
-                    lost |= hit
-                    steps.append(step)
-                    for_ids.extend(whom)
+        cached = waited.cached_blocks
+        base = self._evicted_base
+        start = waited.evicted_from - base
+        if cached and len(self.evicted_blocks) > start:
+            blocks, owners = self.evicted_blocks, self.evicted_for
+            # The blocks evicted since it was preempted (what the detail still holds), with
+            # the step of each: logged ones from the ring's eviction events, the rest now.
+            hits = [i for i in range(max(start, 0), len(blocks)) if blocks[i] in cached]
+            if hits:
+                ring = self._ring
+                new = min(self.num_events - waited.num_events, len(ring))
+                spans = [
+                    (raw[3] - base, raw[4] - base, raw[1])
+                    for raw in (ring[i] for i in range(len(ring) - new, len(ring)))
+                    if raw[0] == _EVICT
+                ]
+                spans.append((self._evicted_logged, len(blocks), self.step_id))
+                span = 0
+                for i in hits:
+                    lost.add(blocks[i])
+                    if i < spans[0][0]:
+                        continue  # its step's event fell off the ring: when is not known
+                    while spans[span][1] <= i:
+                        span += 1
+                    step = spans[span][2]
+                    if not steps or steps[-1] != step:
+                        steps.append(step)
+                    for_ids.append(owners[i])
         evicted = (len(lost), tuple(steps), tuple(dict.fromkeys(for_ids)))
         self._recomputing[request.request_id] = (
             request,

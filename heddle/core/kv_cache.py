@@ -39,7 +39,8 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0  # cached blocks whose contents were dropped to reuse the block
-        self.evicted_ids: list[int] | None = None  # when a list: the evicted blocks go in it
+        # When set (a decision log's two lists): each evicted block's id, the request it went to.
+        self.eviction_log: tuple[list[int], list[str]] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -53,15 +54,21 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
-    def allocate(self, count: int) -> list[KVBlock]:
-        """Take `count` free blocks, evicting their cached contents. Caller checks capacity."""
+    def allocate(self, count: int, for_request: str = "") -> list[KVBlock]:
+        """Take `count` free blocks for `for_request`, evicting their cached contents. Caller
+        checks capacity."""
         if count > len(self._free):
             raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")
         taken = []
+        log = self.eviction_log
         for _ in range(count):
             block_id, _ = self._free.popitem(last=False)
             block = self.blocks[block_id]
-            self._uncache(block)
+            if block.block_hash is not None:
+                self._uncache(block)
+                if log is not None:
+                    log[0].append(block_id)
+                    log[1].append(for_request)
             block.ref_count = 1
             taken.append(block)
         return taken
@@ -96,8 +103,6 @@ class BlockPool:
             del self._cached[block.block_hash]
             block.block_hash = None
             self.num_evictions += 1
-            if self.evicted_ids is not None:
-                self.evicted_ids.append(block.block_id)
 
     def check_integrity(self) -> None:
         for block in self.blocks:
@@ -143,13 +148,25 @@ class KVCacheManager:
         # Per request, the ids of its blocks in position order (the live list: read it, never
         # mutate it; the scheduler sends the executor copies of the new entries).
         self._tables: dict[str, list[int]] = {}
-        self.events: DecisionLog | None = None  # the scheduler's, told of evictions
+        self._events: DecisionLog | None = None  # the scheduler's, told of evictions
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0  # of those, tokens found
         # Parked sessions (heddle/sessions): per session, the cached full blocks of its last
         # context, held (one reference each) so that they stay out of the free pool.
         self._parked: dict[str, list[int]] = {}
         self._parked_refs: dict[int, int] = {}  # block id -> sessions parking it
+
+    @property
+    def events(self) -> DecisionLog | None:
+        return self._events
+
+    @events.setter
+    def events(self, log: DecisionLog | None) -> None:
+        """Evictions go straight into the log's flat lists: the pool appends each evicted
+        block's id and the request it went to (no call into the log, no object per
+        allocation)."""
+        self._events = log
+        self.pool.eviction_log = None if log is None else (log.evicted_blocks, log.evicted_for)
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -240,11 +257,7 @@ class KVCacheManager:
             self.pool.acquire(block)
             table.append(block.block_id)
         if need > 0:
-            table.extend(b.block_id for b in self.pool.allocate(need))
-            evicted = self.pool.evicted_ids
-            if evicted and self.events is not None:
-                self.events.evicted(request_id, evicted)
-                evicted.clear()
+            table.extend(b.block_id for b in self.pool.allocate(need, request_id))
         request.num_slots = len(table) * self.block_size
         return True
 

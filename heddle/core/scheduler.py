@@ -107,8 +107,7 @@ class Scheduler:
         if events is not None:
             self.accounting = Accounting(on_idle=events.opened, on_busy=events.closed)
             events.cached_blocks_of = kv_cache.cached_block_ids
-            kv_cache.events = events
-            kv_cache.pool.evicted_ids = []
+            kv_cache.events = events  # evictions go straight into its lists
         else:
             self.accounting = Accounting()
         # Every step's end time; token times of the records are indices into it.

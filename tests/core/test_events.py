@@ -138,6 +138,47 @@ def test_evictions_and_the_ring_buffer_bound() -> None:
         DecisionLog(capacity=0)
 
 
+def test_eviction_detail_is_a_bounded_ring_of_its_own() -> None:
+    log = DecisionLog(capacity=100, detail_capacity=4)
+    for i in range(6):  # 3 blocks a step: the detail keeps 4..8 blocks
+        log.begin_step(i, float(i))
+        log.evicted(f"r{i}", [10 * i, 10 * i + 1])
+        log.evicted("x", [10 * i + 2])
+        log.end_step(0.1)
+    assert log.num_evicted_blocks == 18 and len(log.evicted_blocks) <= 8
+    evictions = [e for e in log if isinstance(e, Eviction)]
+    assert [e.num_blocks for e in evictions] == [3] * 6  # every step keeps its count
+    kept = [e for e in evictions if e.block_ids]
+    assert kept and len(kept) < 6  # the oldest lost their ids, the newest have them exactly
+    assert kept[-1] == Eviction(5, 5.0, 3, ("r5", "x"), "cached", (50, 51, 52))
+    assert all(e.for_request_ids == () for e in evictions[: 6 - len(kept)])
+    with pytest.raises(ValueError):
+        DecisionLog(detail_capacity=0)
+
+
+def test_the_kv_pool_writes_evictions_into_the_log() -> None:
+    from heddle.core.kv_cache import KVCacheManager
+
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    log = DecisionLog()
+    kv.events = log
+    a, b = create_request("a", prompt_len=16), create_request("b", 16, first_token=500)
+    log.begin_step(0, 0.0)
+    assert kv.allocate_slots(a, 16)
+    a.num_computed_tokens = 16
+    kv.commit_computed(a)
+    kv.free(a)  # its 4 blocks stay cached in the free pool
+    log.end_step(0.1)
+    log.begin_step(1, 0.1)
+    assert kv.allocate_slots(b, 8)  # takes 2 of them: evicted for b
+    log.end_step(0.1)
+    (eviction,) = [e for e in log if isinstance(e, Eviction)]
+    assert eviction.step_id == 1 and eviction.for_request_ids == ("b",)
+    assert eviction.num_blocks == 2 == kv.pool.num_evictions == log.num_evicted_blocks
+    kv.events = None  # detached: the pool logs nothing more
+    assert kv.pool.eviction_log is None
+
+
 def test_a_preempted_request_recomputes_what_evictions_took_from_the_cache() -> None:
     log = DecisionLog()
     log.cached_blocks_of = lambda request: [3, 4, 5] if request.request_id == "v" else []
