@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -66,6 +67,36 @@ def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 
             pass
         time.sleep(0.5)
     raise RuntimeError("the server did not become ready")
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User + system CPU seconds of the processes still alive."""
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def server_processes(server: subprocess.Popen[bytes]) -> dict[str, list[psutil.Process]]:
+    """The front end (the `heddle serve` process) and its engine core (its child)."""
+    front = psutil.Process(server.pid)
+    return {"front_end": [front], "core": front.children(recursive=True)}
+
+
+def browser_processes() -> list[psutil.Process]:
+    """Chromium's processes (Playwright's driver starts them under this process)."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in child.name().lower():
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def bench_round(base_url: str, args: argparse.Namespace, label: str, out: Path) -> dict[str, Any]:
@@ -132,8 +163,15 @@ def main() -> None:
                         page = browser.new_page(viewport={"width": 1400, "height": 1000})
                         page.goto(f"{base_url}/dashboard")
                         page.wait_for_function("window.heddleView && window.heddleView.ready.all")
+                    # CPU each part took during the round (the browser's while the page is open).
+                    watched = {**server_processes(server), "browser": browser_processes()}
+                    before = {name: cpu_seconds(procs) for name, procs in watched.items()}
                     result = bench_round(base_url, args, f"{arm}-{i}", Path(tmp))
                     result["arm"] = arm
+                    result["cpu_s"] = {
+                        name: round(cpu_seconds(procs) - before[name], 2)
+                        for name, procs in watched.items()
+                    }
                     if page is not None:
                         steps = httpx.get(f"{base_url}/health").json()["engine"]["num_steps"]
                         page.wait_for_function(
@@ -146,9 +184,12 @@ def main() -> None:
                         lags.extend(stats["lags"])
                         page.close()
                     rounds.append(result)
+                    cpu = result["cpu_s"]
                     print(
                         f"{result['label']:>9}: {result['output_throughput']:7.1f} tok/s, "
-                        f"TPOT {1000 * result['tpot_mean']:6.1f} ms, {result['completed']} done",
+                        f"TPOT {1000 * result['tpot_mean']:6.1f} ms, {result['completed']} done; "
+                        f"CPU s: core {cpu['core']}, front end {cpu['front_end']}, "
+                        f"browser {cpu['browser']}",
                         flush=True,
                     )
             browser.close()
@@ -175,6 +216,13 @@ def main() -> None:
         "lag_ms_p99": lags[int(0.99 * (len(lags) - 1))] if lags else None,
         "lag_ms_max": lags[-1] if lags else None,
         "num_lag_samples": len(lags),
+        "cpu_s_median": {
+            arm: {
+                part: statistics.median(r["cpu_s"][part] for r in rounds if r["arm"] == arm)
+                for part in ("core", "front_end", "browser")
+            }
+            for arm in ("closed", "open")
+        },
         "rounds_detail": [{k: v for k, v in r.items() if k != "page_lags_ms"} for r in rounds],
     }
     print(
@@ -183,7 +231,12 @@ def main() -> None:
         f"TPOT {1000 * tpot_closed:.1f} vs {1000 * tpot_open:.1f} ms\n"
         f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
         f"p99 {summary['lag_ms_p99']:.0f} ms, max {summary['lag_ms_max']:.0f} ms "
-        f"({len(lags)} updates)"
+        f"({len(lags)} updates)\nCPU seconds per round (median), closed / open: "
+        + ", ".join(
+            f"{part} {summary['cpu_s_median']['closed'][part]:.1f} / "
+            f"{summary['cpu_s_median']['open'][part]:.1f}"
+            for part in ("core", "front_end", "browser")
+        )
     )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")

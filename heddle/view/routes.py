@@ -10,7 +10,7 @@
     GET /dashboard/api/markers        ?start=&end= : preemptions and evictions
     GET /dashboard/api/pictures       the step-time and knee pictures' data
     POST /dashboard/api/pictures      add a profile or sweep JSON to them
-    GET /dashboard/api/stream         Server-Sent Events: new steps and events, ~5 per second
+    GET /dashboard/api/stream         Server-Sent Events: new steps and events, 2 per second
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from heddle.server.errors import error_body
 from heddle.view.pictures import check_picture, pictures
 from heddle.view.store import ViewStore
 
-STREAM_INTERVAL_S = 0.2
+STREAM_INTERVAL_S = 0.5  # a message (and at most one redraw of the page) per 0.5 s: see VIEW.md
 STREAM_LIFETIME_S = 10.0
 STATIC_FILES = {
     "uPlot.iife.min.js": "text/javascript",

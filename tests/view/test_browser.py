@@ -4,6 +4,7 @@ results/view/."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -13,12 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
-from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
-from heddle.engine.engine import Engine
+from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from heddle.engine.core_client import CoreClient
+from heddle.engine.core_process import engine_from_config
 from heddle.metrics.jsonl import record_to_dict
 from heddle.view.cli import build_view_app, load_store
+from heddle.view.live import view_source
 from heddle.view.saved import view_path_for
-from tests.server.live import MAX_MODEL_LEN, AppServer, LiveServer, shared_executor
+from tests.server.live import MAX_MODEL_LEN, AppServer, LiveServer, require_embedded_model
 from tests.view.browser import launch, open_dashboard, screenshot, view_stats
 from tests.view.factories import recorded_run
 
@@ -89,30 +92,38 @@ def test_replayed_simulation_draws_every_panel(browser: Any, tmp_path: Path) -> 
             page.close()
 
 
+# The engine core loads the model in a process of its own: about 5 s on a quiet machine, but
+# 60-128 s was seen on a loaded one. Bounded, but generous.
+CORE_STARTUP_TIMEOUT_S = 300.0
+
+
 @pytest.mark.slow
 def test_live_server_dashboard_follows_a_bounded_load(browser: Any) -> None:
-    executor = shared_executor()
+    """As `heddle serve` runs by default: the engine core in its own process, the view's rows
+    and decision events over the core's channel (`view_source`)."""
+    require_embedded_model()  # skips where it is not installed (the core loads it)
     # 24 KV blocks (384 tokens) for 8 concurrent requests of ~80 tokens: some are preempted.
     config = EngineConfig(
+        model=ModelConfig(num_threads=2, max_model_len=MAX_MODEL_LEN, quantization="none"),
         cache=CacheConfig(block_size=16, num_blocks=24),
         scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256),
     )
-    engine = Engine(
-        config,
-        executor,
-        num_blocks=24,
-        tokenizer=executor.tokenizer,
-        eos_token_id=executor.eos_token_id,
-        max_model_len=MAX_MODEL_LEN,
-        vocab_size=executor.model_shape.vocab_size,
+    client = CoreClient(
+        functools.partial(engine_from_config, config),
+        event_source=view_source,
+        startup_timeout=CORE_STARTUP_TIMEOUT_S,
     )
-    server = LiveServer(engine).start()
+    started = time.monotonic()
+    client.start()  # waits for the core's model load (raises past the timeout)
+    server = None
     page = None
     try:
+        server = LiveServer(client=client).start()
+        _wait_healthy(server.base_url, CORE_STARTUP_TIMEOUT_S - (time.monotonic() - started))
         page = open_dashboard(browser, f"{server.base_url}/dashboard")
         assert page.inner_text("#mode") == "live"
         _send_load(server.base_url, num_requests=12, concurrency=8)
-        server.wait_idle(30)
+        server.wait_idle(60)
         health = httpx.get(f"{server.base_url}/health").json()["engine"]
         steps = health["num_steps"]
         assert steps > 0 and health["num_preemptions_total"] > 0
@@ -120,7 +131,7 @@ def test_live_server_dashboard_follows_a_bounded_load(browser: Any) -> None:
         page.wait_for_function(
             f"window.heddleView.stats.stepsSeen === {steps}"
             f" && window.heddleView.stats.stepsDrawn === {steps}",
-            timeout=10_000,
+            timeout=20_000,
         )
         stats = view_stats(page)
         lags = sorted(stats["lags"])
@@ -138,10 +149,29 @@ def test_live_server_dashboard_follows_a_bounded_load(browser: Any) -> None:
         assert page.locator("#request-lane .seg[data-kind=preempted]").count() >= 1
         screenshot(page, "live", ("timeline", "request", "pictures"))
         assert page.errors == []  # type: ignore[attr-defined]
+        assert client.stats.kv_blocks_used == 0  # the core's pool is whole again
     finally:
         if page is not None:
             page.close()  # closes its event stream before the server stops
-        server.stop()
+        if server is not None:
+            server.stop()
+        client.shutdown()
+
+
+def _wait_healthy(base_url: str, timeout: float) -> None:
+    """Until /health answers 200 (the server is up over a ready core), at most `timeout` s."""
+    deadline = time.monotonic() + max(timeout, 10.0)
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(f"{base_url}/health", timeout=5)
+            if response.status_code == 200:
+                return
+            last = f"{response.status_code}: {response.text[:200]}"
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(0.25)
+    raise AssertionError(f"the server over the engine core was not healthy in time ({last})")
 
 
 def _send_load(base_url: str, num_requests: int, concurrency: int) -> None:
