@@ -30,17 +30,20 @@ the dataclasses below (`events_since`, iteration), built when they read.
 
 Evictions are the one kind of event a busy pool makes on most steps, several times a step, so
 they are recorded flat: the KV pool appends each evicted block's id to `evicted_blocks` and the
-cache manager the id of the request it went to, one entry per block, to `evicted_for` (no call
-into the log, no object per allocation). A step that evicted adds one small `(kind, step, time,
-start, end)` entry to the ring: positions into those two lists. The lists are a bounded detail
-ring of their own (`detail_capacity` blocks, the older half dropped when they hold twice that);
-an `Eviction` is built from them when it is read, and one whose detail has been dropped keeps
-its count and loses its block and request ids.
+id of the request it went to, one entry per block, to `evicted_for` (no call into the log, no
+object per allocation). A step that evicted adds four numbers to flat arrays (its step, time,
+and span of those lists), no object either: a tuple per step made the garbage collector run
+more often, and its full passes are what a long run pays. A byte per event keeps the order of
+evictions among the other events. The lists are a bounded detail ring of their own
+(`detail_capacity` blocks, the older half dropped when they hold twice that); an `Eviction` is
+built from them when it is read, and one whose detail has been dropped keeps its count and
+loses its block and request ids.
 """
 
 from __future__ import annotations
 
 import enum
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -169,20 +172,20 @@ _TYPES: tuple[Any, ...] = (StallInterval, Preemption, Eviction, QueueStop, Recom
 class _Waiting:
     """A preempted request until it is back: what it had, and which of its blocks were cached."""
 
-    __slots__ = ("cached_blocks", "evicted_from", "num_computed", "num_events", "step")
+    __slots__ = ("cached_blocks", "evicted_from", "evictions_from", "num_computed", "step")
 
     def __init__(
         self,
         step: int,
         num_computed: int,
         cached_blocks: frozenset[int],
-        num_events: int,
+        evictions_from: int,
         evicted_from: int,
     ):
         self.step = step
         self.num_computed = num_computed
         self.cached_blocks = cached_blocks
-        self.num_events = num_events  # the log's event count then: evictions after it matter
+        self.evictions_from = evictions_from  # the log's eviction-event count then
         self.evicted_from = evicted_from  # the log's evicted-block count then
 
 
@@ -204,8 +207,11 @@ class DecisionLog:
         self.detail_capacity = (
             max(8 * capacity, 1024) if detail_capacity is None else detail_capacity
         )
+        # The events but evictions, as tuples; evictions in flat arrays (below). `_order` says
+        # which is which for the newest events (0: the ring's next, 1: an eviction's next).
         self._ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
-        self.num_events = 0  # appended since the start (the ring keeps the last `capacity`)
+        self._order = bytearray()
+        self.num_events = 0  # appended since the start (readers get the last `capacity`)
         # Cumulative seconds charged, per queue and reason, to whoever waits behind a stop.
         self._charged = ([0.0] * _NUM, [0.0] * _NUM)
         # The counters as a tuple, shared by the waits opened while they stay the same (None:
@@ -225,10 +231,17 @@ class DecisionLog:
         self.num_preemptions = 0
         # The eviction detail: per evicted block, its id and the request it went to (appended
         # by the KV pool and cache manager); `_evicted_base` blocks were dropped before them.
-        self.evicted_blocks: list[int] = []
+        self.evicted_blocks: array[int] = array("q")
         self.evicted_for: list[str] = []
         self._evicted_base = 0
-        self._evicted_logged = 0  # of the lists, the entries already in a ring event
+        self._evicted_logged = 0  # of the lists, the entries already in an eviction event
+        # Eviction events: step, time, and their span [start, end) of the detail (absolute
+        # positions); `_evictions_base` events were dropped before them.
+        self._eviction_steps: array[int] = array("q")
+        self._eviction_times: array[float] = array("d")
+        self._eviction_starts: array[int] = array("q")
+        self._eviction_ends: array[int] = array("q")
+        self._evictions_base = 0
         self.cached_blocks_of: Callable[[Request], Sequence[int]] | None = None
         self._preempted: dict[str, _Waiting] = {}  # preempted, not yet back
         # Back and recomputing: request -> (waiting info, start step, start time, num cached,
@@ -238,7 +251,7 @@ class DecisionLog:
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._ring)
+        return min(self.capacity, len(self._order))
 
     @property
     def num_evicted_blocks(self) -> int:
@@ -246,40 +259,60 @@ class DecisionLog:
         return self._evicted_base + len(self.evicted_blocks)
 
     def __iter__(self) -> Iterator[Event]:
-        return (self._event(raw) for raw in self._ring)
+        return iter(self._tail(self.capacity))
+
+    def _tail(self, count: int) -> list[Event]:
+        """The newest `count` events (at most `capacity`), oldest first."""
+        order = self._order
+        count = min(count, self.capacity, len(order))
+        if count <= 0:
+            return []
+        kinds = order[len(order) - count :]
+        num_evictions = kinds.count(1)
+        ring = self._ring
+        next_raw = len(ring) - (count - num_evictions)
+        next_eviction = len(self._eviction_steps) - num_evictions
+        out: list[Event] = []
+        for kind in kinds:
+            if kind:
+                out.append(self._eviction(next_eviction))
+                next_eviction += 1
+            else:
+                out.append(self._event(ring[next_raw]))
+                next_raw += 1
+        return out
+
+    def _eviction(self, index: int) -> Eviction:
+        step, now = self._eviction_steps[index], self._eviction_times[index]
+        start, end = self._eviction_starts[index], self._eviction_ends[index]
+        lo, hi = start - self._evicted_base, end - self._evicted_base
+        if lo < 0:  # its detail fell off the detail ring
+            return Eviction(step, now, end - start, ())
+        whom = tuple(dict.fromkeys(self.evicted_for[lo:hi]))
+        return Eviction(step, now, end - start, whom, "cached", tuple(self.evicted_blocks[lo:hi]))
 
     def _event(self, raw: tuple[Any, ...]) -> Event:
         kind = raw[0]
         if kind == _STALL:
             _, rid, cls, queue, s0, s1, t0, t1, seconds = raw
             return StallInterval(rid, cls, queue, s0, s1, t0, t1, dict(seconds))
-        if kind == _EVICT:
-            _, step, now, start, end = raw
-            lo, hi = start - self._evicted_base, end - self._evicted_base
-            if lo < 0:  # its detail fell off the detail ring
-                return Eviction(step, now, end - start, ())
-            whom = tuple(dict.fromkeys(self.evicted_for[lo:hi]))
-            blocks = tuple(self.evicted_blocks[lo:hi])
-            return Eviction(step, now, end - start, whom, "cached", blocks)
         event: Event = _TYPES[kind](*raw[1:])
         return event
 
     def events_since(self, seen: int) -> list[Event]:
-        """The events appended after the first `seen` (as many as the ring still holds)."""
+        """The events appended after the first `seen` (at most the last `capacity`)."""
         new = self.num_events - seen
-        if new <= 0:
-            return []
-        ring = self._ring
-        if new >= len(ring):
-            return [self._event(raw) for raw in ring]
-        return [self._event(ring[i]) for i in range(len(ring) - new, len(ring))]
+        return self._tail(new) if new > 0 else []
 
     def is_stalled(self, request_id: str) -> bool:
         return request_id in self._open
 
     def _append(self, raw: tuple[Any, ...]) -> None:
         self._ring.append(raw)
+        self._order.append(0)
         self.num_events += 1
+        if len(self._order) > 2 * self.capacity:
+            del self._order[: self.capacity]
 
     # -- the scheduler's verbs --------------------------------------------------------------
     def begin_step(self, step_id: int, now: float) -> None:
@@ -361,7 +394,7 @@ class DecisionLog:
                 self.step_id,
                 victim.num_computed_tokens,
                 frozenset(cached),
-                self.num_events,
+                self._evictions_base + len(self._eviction_steps),
                 self.num_evicted_blocks,
             )
         if victim_id in self._open:
@@ -375,17 +408,32 @@ class DecisionLog:
         """Allocating for `request_id` reused `block_ids`, blocks that held cached KV (logged
         as one event at the end of the step). The KV cache manager writes the two lists itself
         (`KVCacheManager.events`); this is the same for any other caller."""
-        self.evicted_blocks += block_ids
+        self.evicted_blocks.extend(block_ids)
         self.evicted_for += (request_id,) * len(block_ids)
 
     def _log_evictions(self) -> None:
-        """One ring event for the blocks evicted since the last: positions into the detail."""
+        """One eviction event for the blocks evicted since the last: four numbers appended to
+        flat arrays (no object: a busy pool evicts on most steps)."""
         blocks = self.evicted_blocks
         base = self._evicted_base
-        self._ring.append(
-            (_EVICT, self.step_id, self.now, base + self._evicted_logged, base + len(blocks))
-        )
+        self._eviction_steps.append(self.step_id)
+        self._eviction_times.append(self.now)
+        self._eviction_starts.append(base + self._evicted_logged)
+        self._eviction_ends.append(base + len(blocks))
+        self._order.append(1)
         self.num_events += 1
+        if len(self._order) > 2 * self.capacity:
+            del self._order[: self.capacity]
+        if len(self._eviction_steps) > 2 * self.capacity:  # readers get the last `capacity`
+            drop = self.capacity
+            for column in (
+                self._eviction_steps,
+                self._eviction_times,
+                self._eviction_starts,
+                self._eviction_ends,
+            ):
+                del column[:drop]
+            self._evictions_base += drop
         if len(blocks) > 2 * self.detail_capacity:  # drop the older half of the detail
             drop = len(blocks) - self.detail_capacity
             del blocks[:drop]
@@ -505,15 +553,13 @@ class DecisionLog:
         if cached and len(self.evicted_blocks) > start:
             blocks, owners = self.evicted_blocks, self.evicted_for
             # The blocks evicted since it was preempted (what the detail still holds), with
-            # the step of each: logged ones from the ring's eviction events, the rest now.
+            # the step of each: logged ones from the eviction events, the rest now.
             hits = [i for i in range(max(start, 0), len(blocks)) if blocks[i] in cached]
             if hits:
-                ring = self._ring
-                new = min(self.num_events - waited.num_events, len(ring))
+                first = max(waited.evictions_from - self._evictions_base, 0)
                 spans = [
-                    (raw[3] - base, raw[4] - base, raw[1])
-                    for raw in (ring[i] for i in range(len(ring) - new, len(ring)))
-                    if raw[0] == _EVICT
+                    (self._eviction_starts[j] - base, self._eviction_ends[j] - base, step)
+                    for j, step in enumerate(self._eviction_steps[first:], first)
                 ]
                 spans.append((self._evicted_logged, len(blocks), self.step_id))
                 span = 0

@@ -10,7 +10,7 @@ LRU order but keep their cached contents until the pool hands them out again (la
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +40,7 @@ class BlockPool:
         self._cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0  # cached blocks whose contents were dropped to reuse the block
         # When set (a decision log's two lists): each evicted block's id, the request it went to.
-        self.eviction_log: tuple[list[int], list[str]] | None = None
+        self.eviction_log: tuple[MutableSequence[int], list[str]] | None = None
 
     @property
     def num_blocks(self) -> int:
