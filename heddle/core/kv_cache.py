@@ -345,11 +345,7 @@ class KVCacheManager:
         for block in found:
             if block is not None:
                 self.pool.acquire(block)
-        fresh = iter(self.pool.allocate(missing))
-        evicted = self.pool.evicted_ids
-        if evicted and self.events is not None:
-            self.events.evicted(session_id, evicted)
-            evicted.clear()
+        fresh = iter(self.pool.allocate(missing, session_id))  # evictions logged for it
         held, copies = [], []
         for (block_hash, slot), block in zip(chain, found, strict=False):
             if block is None:
