@@ -32,7 +32,13 @@ from heddle.core.kv_cache import KVBlock, KVCacheManager
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.core.policies import Policy, SchedulerView, make_policy
 from heddle.core.preemption_guard import PreemptionGuard
-from heddle.core.queues import ArrivalQueue, OrderedQueue, insert_sorted
+from heddle.core.queues import (
+    ArrivalQueue,
+    GroupedQueue,
+    RankedQueue,
+    WaitingQueue,
+    insert_sorted,
+)
 from heddle.core.step_builder import StepBuilder
 from heddle.errors import InvalidRequestError, QueueFullError
 from heddle.metrics.record import TokenTimeline, TokenTimes
@@ -83,16 +89,15 @@ class Scheduler:
             config.max_recompute_ratio, config.recompute_window_seconds
         )
         self.requests: dict[str, Request] = {}
-        # Queues in the policy's order when its keys stay fixed (see heddle/core/queues.py).
-        self._static_waiting = not self.policy.waiting_order_changes
+        # Queues in the policy's order when its keys stay fixed, or re-keyed only when they
+        # move (see heddle/core/queues.py); the policy says which queue it needs.
+        self.waiting: WaitingQueue = self.policy.make_waiting_queue(self._order_key, clock.now)
+        self._static_waiting = self.waiting.ordered
         self._static_running = not self.policy.running_order_changes
         # A policy that never lets a waiting request evict a running one: once the seats are
         # taken, admission is over, without asking `admit` of every request still waiting.
         self._preempts_for_waiting = (
             type(self.policy).should_preempt_for is not Policy.should_preempt_for
-        )
-        self.waiting: ArrivalQueue | OrderedQueue = (
-            OrderedQueue(self._order_key) if self._static_waiting else ArrivalQueue()
         )
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -255,6 +260,8 @@ class Scheduler:
         self.finished_in_step = []
         kv = self.kv_cache
         self.sessions.expire(now)
+        if isinstance(self.waiting, RankedQueue):
+            self.waiting.refresh(now)  # the keys that moved since the last step
         policy = self.policy
         events = self.events
         if events is not None:
@@ -458,12 +465,21 @@ class Scheduler:
         now = view.now
         admitted: list[Request] = []
         waiting = self.waiting
-        candidates = waiting if self._static_waiting else policy.order_waiting(list(waiting), now)
+        events = self.events
+        full = step.tokens_left <= 0
+        closed = full or (seats <= 0 and not self._preempts_for_waiting)
+        if closed and waiting and not isinstance(waiting, ArrivalQueue):
+            # No one can be admitted: the order is not read (the loop below would stop at its
+            # first request).
+            if events is not None:
+                reason = StallReason.TOKEN_BUDGET if full else StallReason.NO_SEAT
+                events.stop_queue(Queue.WAITING, reason)
+            return
+        candidates = policy.waiting_candidates(waiting, now)
         # Once a request waits for memory, later ones may not overtake it, except turns whose
         # session's KV is parked: they hold their memory already.
         memory_blocked = False
         sessions = self.sessions
-        events = self.events
         # Changes to the waiting queue wait for the end of the loop: it iterates the queue.
         for request in candidates:
             if step.tokens_left <= 0 or (seats <= 0 and not self._preempts_for_waiting):
@@ -796,6 +812,8 @@ class Scheduler:
             keys = [r.order_key for r in self.waiting]
             if keys != sorted(keys):
                 raise AssertionError("the waiting queue is out of order")
+        if isinstance(self.waiting, RankedQueue | GroupedQueue):
+            self.waiting.check_integrity()
         for request in self.running:
             if request.status is not RUNNING:
                 raise AssertionError(f"running request {request.request_id} is {request.status}")

@@ -14,14 +14,23 @@ A policy also says whether its order can change while requests sit in a queue
 the request's own state, which does not change while it waits, or never), the scheduler keeps
 the queue sorted by a key computed once per insertion instead of sorting every step; a policy
 that overrides `order_waiting` / `order_running` must leave the flag True.
+
+How the waiting requests are kept is the policy's choice (`make_waiting_queue`, see
+heddle/core/queues.py): a policy whose waiting keys move only at times or events it can name
+(slo, mlfq, sjf) takes a `RankedQueue` and says when (`key_change_time`, `take_moved`,
+`keys_epoch`); fair takes a `GroupedQueue` and reads the head of each user's requests. The
+scheduler reads the waiting requests in the policy's order through `waiting_candidates`, which
+may be lazy: admission stops reading as soon as seats or budget run out.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from heddle.core.queues import ArrivalQueue, OrderedQueue, OrderKey, RankedQueue, WaitingQueue
 
 if TYPE_CHECKING:
     from heddle.core.outputs import SchedulerOutput
@@ -68,6 +77,8 @@ class Policy:
     def __init__(self, **options: object) -> None:
         if options:
             raise ValueError(f"policy {self.name!r} takes no options {sorted(options)}")
+        # Bumped when the policy's own state changed every waiting key (a RankedQueue re-keys).
+        self.keys_epoch = 0
 
     # -- order ------------------------------------------------------------------------------
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
@@ -84,7 +95,34 @@ class Policy:
         """The first `count` waiting requests in this policy's order."""
         if view.waiting_is_ordered:
             return list(itertools.islice(view.waiting, count))
+        if isinstance(view.waiting, RankedQueue):
+            return view.waiting.in_order(view.now)[:count]
         return self.order_waiting(view.waiting, view.now)[:count]
+
+    # -- the waiting queue ------------------------------------------------------------------
+    def make_waiting_queue(self, key: OrderKey, now: Callable[[], float]) -> WaitingQueue:
+        """The queue the scheduler keeps this policy's waiting requests in. `key` is the
+        request's order key at the clock's time; `now` reads the clock."""
+        return ArrivalQueue() if self.waiting_order_changes else OrderedQueue(key)
+
+    def waiting_candidates(self, waiting: WaitingQueue, now: float) -> Iterable[Request]:
+        """The waiting requests in this policy's order, as admission reads them (it may stop
+        early: the iterable may be lazy). The queue must not change while it is read."""
+        if waiting.ordered:
+            return waiting
+        if isinstance(waiting, RankedQueue):
+            return waiting.in_order(now)
+        return self.order_waiting(list(waiting), now)
+
+    def key_change_time(self, request: Request, now: float) -> float | None:
+        """With a RankedQueue: the earliest time after `now` at which the order key of waiting
+        `request` may change by itself (None: not before an event `take_moved` reports)."""
+        return None
+
+    def take_moved(self) -> list[str]:
+        """With a RankedQueue: ids of waiting requests whose keys this policy changed since the
+        last call (the scheduler re-keys them)."""
+        return []
 
     # -- admission and preemption -----------------------------------------------------------
     def admit(self, request: Request, view: SchedulerView, num_admitted: int) -> bool:

@@ -14,17 +14,21 @@ program is one user however many calls it makes.
 
 Within one step the counters only move at the step's end, so admission interleaves users by
 their counters plus the prompt tokens already handed out this step, as VTC charges at admission.
+
+The waiting requests are kept per user in arrival order (`GroupedQueue`): a step looks at the
+users, not at every request, and the interleaving is read lazily, as far as admission goes.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from heddle.core.policies.base import Policy, SchedulerView, StepLimits
 from heddle.core.policies.registry import register
+from heddle.core.queues import GroupedQueue, OrderKey, WaitingQueue
 
 if TYPE_CHECKING:
     from heddle.core.outputs import SchedulerOutput
@@ -79,10 +83,21 @@ class FairPolicy(Policy):
     def counter(self, user: str) -> float:
         return self.counters.get(user, 0.0)
 
+    def make_waiting_queue(self, key: OrderKey, now: Callable[[], float]) -> WaitingQueue:
+        return GroupedQueue(self.user_of)
+
     def step_limits(self, view: SchedulerView) -> StepLimits:
-        active: set[str] = set()
         users = self._users
-        for request in (*view.running, *view.waiting):
+        waiting = view.waiting
+        if isinstance(waiting, GroupedQueue):
+            # Waiting requests are entered in `_users` as admission reads them (the only ones
+            # that can run this step); the users with a waiting request are the groups.
+            active = set(waiting.groups)
+            requests: Iterable[Request] = view.running
+        else:
+            active = set()
+            requests = (*view.running, *waiting)
+        for request in requests:
             user = self.user_of(request)
             users[request.request_id] = (user, request.num_prompt_tokens)
             active.add(user)
@@ -107,29 +122,44 @@ class FairPolicy(Policy):
         return (self.counter(self.user_of(request)), request.arrival_time, request.seq)
 
     def _interleave(self, requests: Collection[Request], now: float) -> list[Request]:
-        """Repeatedly take the earliest request of the user with the smallest provisional
-        counter, charging it what the request would get this step (prompt left + one token)."""
         queues: dict[str, list[Request]] = {}
         for request in sorted(requests, key=lambda r: (r.arrival_time, r.seq)):
             queues.setdefault(self.user_of(request), []).append(request)
+        return list(self._interleave_queues(queues))
+
+    def _interleave_queues(self, queues: dict[str, list[Request]]) -> Iterator[Request]:
+        """Repeatedly take the earliest request of the user with the smallest provisional
+        counter, charging it what the request would get this step (prompt left + one token).
+        `queues`: each user's requests, earliest first."""
         heap = [(self.counter(u), q[0].seq, u) for u, q in queues.items()]
         heapq.heapify(heap)
         positions = dict.fromkeys(queues, 0)
-        ordered: list[Request] = []
         while heap:
             provisional, _, user = heapq.heappop(heap)
             queue = queues[user]
             request = queue[positions[user]]
             positions[user] += 1
-            ordered.append(request)
             if positions[user] < len(queue):
+                # Charged as the request stands before admission reads it (which may change
+                # its computed tokens: a prefix hit).
                 prompt_left = max(0, request.num_prompt_tokens - request.num_computed_tokens)
                 charge = self.input_weight * prompt_left + self.output_weight
                 heapq.heappush(heap, (provisional + charge, queue[positions[user]].seq, user))
-        return ordered
+            yield request
 
     def order_waiting(self, waiting: Collection[Request], now: float) -> list[Request]:
         return self._interleave(waiting, now)
+
+    def waiting_candidates(self, waiting: WaitingQueue, now: float) -> Iterable[Request]:
+        if not isinstance(waiting, GroupedQueue):
+            return super().waiting_candidates(waiting, now)
+        return self._read_waiting(waiting)
+
+    def _read_waiting(self, waiting: GroupedQueue) -> Iterator[Request]:
+        users = self._users
+        for request in self._interleave_queues(waiting.groups):
+            users[request.request_id] = (self.user_of(request), request.num_prompt_tokens)
+            yield request
 
     def order_running(self, running: Sequence[Request], now: float) -> list[Request]:
         return self._interleave(running, now)

@@ -30,10 +30,16 @@ from typing import TYPE_CHECKING
 
 from heddle.core.policies.base import Policy
 from heddle.core.policies.registry import register
+from heddle.core.queues import OrderKey, RankedQueue
+from heddle.request import RequestStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from heddle.core.outputs import SchedulerOutput
     from heddle.request import Request
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 @dataclass(slots=True)
@@ -75,6 +81,7 @@ class MLFQPolicy(Policy):
         self.max_preemptions = max_preemptions
         self.phase_aware = phase_aware
         self._places: dict[str, _Place] = {}
+        self._moved: list[str] = []  # waiting requests whose level changed (promotions)
 
     def entry_level(self, request: Request) -> int:
         """Skip-join: the first level whose prompt allowance holds the prompt."""
@@ -104,6 +111,8 @@ class MLFQPolicy(Policy):
             place.level += 1
             place.level_start_output += allowance
         if now - place.last_served >= self.starvation_seconds:
+            if place.level and request.status in _WAITING:
+                self._moved.append(request.request_id)
             place.level = 0
             place.level_start_output = request.num_output_tokens
             place.last_served = now
@@ -111,6 +120,19 @@ class MLFQPolicy(Policy):
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
         return (self.level_of(request, now), request.arrival_time, request.seq)
+
+    # A waiting request's level moves only when it is promoted (it is not served, so it is
+    # not demoted): its key is fixed until `starvation_seconds` after it was last served.
+    def make_waiting_queue(self, key: OrderKey, now: Callable[[], float]) -> RankedQueue:
+        return RankedQueue(self, now)
+
+    def key_change_time(self, request: Request, now: float) -> float | None:
+        place = self._places.get(request.request_id)
+        return None if place is None else place.last_served + self.starvation_seconds
+
+    def take_moved(self) -> list[str]:
+        moved, self._moved = self._moved, []
+        return moved
 
     def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
         if self.max_preemptions is not None and victim.num_preemptions >= self.max_preemptions:

@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING
 from heddle.core.policies.base import Policy
 from heddle.core.policies.predictor import OutputLenPredictor, RemainingLenPredictor
 from heddle.core.policies.registry import register
+from heddle.core.queues import OrderKey, RankedQueue, WaitingQueue
+from heddle.request import FinishReason
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from heddle.request import Request
 
 
@@ -76,7 +80,15 @@ class SJFPolicy(RemainingWorkPolicy):
             return request.num_output_tokens + self.remaining.predict_remaining(request)
         return self.predictor.predict(request)
 
+    # A waiting request's tokens do not change, so its key moves only when the predictors
+    # learn (a finished request): then every waiting key is recomputed, once, when admission
+    # next reads the queue.
+    def make_waiting_queue(self, key: OrderKey, now: Callable[[], float]) -> WaitingQueue:
+        return RankedQueue(self, now)
+
     def on_finished(self, request: Request) -> None:
         self.predictor.observe(request)
         if self.remaining is not None:
             self.remaining.observe(request)
+        if request.finish_reason is not FinishReason.ABORT and request.num_output_tokens:
+            self.keys_epoch += 1  # what the predictors learnt moves every prediction

@@ -36,8 +36,11 @@ from typing import TYPE_CHECKING
 from heddle.core.policies.base import Policy, SchedulerView, StepLimits
 from heddle.core.policies.registry import register
 from heddle.core.policies.step_time import StepTimeModel
+from heddle.core.queues import OrderKey, RankedQueue
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from heddle.core.outputs import SchedulerOutput
     from heddle.request import Request
 
@@ -160,6 +163,17 @@ class SLOPolicy(Policy):
         session = request.session
         if session is not None and session.close and session.parent_session_id is None:
             self._program_due.pop(session.session_id, None)  # the program's last turn
+
+    # A waiting request's deadline is fixed (its tokens do not change while it waits) until,
+    # without a first token, it becomes lost: then it moves back, once.
+    def make_waiting_queue(self, key: OrderKey, now: Callable[[], float]) -> RankedQueue:
+        return RankedQueue(self, now)
+
+    def key_change_time(self, request: Request, now: float) -> float | None:
+        if request.first_token_time is not None or self.is_lost(request, now):
+            return None
+        ttft = self.ttft_target(request)
+        return request.arrival_time + ttft + self.late_factor * ttft
 
     # -- preemption -------------------------------------------------------------------------
     def choose_victim(self, candidates: Sequence[Request], now: float) -> Request:
