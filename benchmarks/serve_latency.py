@@ -147,11 +147,15 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--num-threads", type=int, default=2)
     parser.add_argument("--dtype", default="float32", help="auto | bfloat16 | float32")
+    parser.add_argument("--quantization", default=None, help="passed to both engines")
     parser.add_argument("--engine-core", default="process", choices=("process", "thread"))
     parser.add_argument("--output", default="results/serve_latency.json")
     args = parser.parse_args()
 
     engine_flags = ["--num-threads", str(args.num_threads), "--dtype", args.dtype]
+    quantization = {} if args.quantization is None else {"quantization": args.quantization}
+    if args.quantization is not None:
+        engine_flags += ["--quantization", args.quantization]
     port = free_port()
     log = Path(args.output).with_suffix(".server.log")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +180,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not come up")
             time.sleep(0.5)
-        llm = LLM(dtype=args.dtype, num_threads=args.num_threads)
+        llm = LLM(dtype=args.dtype, num_threads=args.num_threads, **quantization)
         vocab = llm.engine.vocab_size or 32000
         rng = random.Random(0)
         prompts = [

@@ -261,6 +261,28 @@ class KVCacheManager:
         request.num_slots = len(table) * self.block_size
         return True
 
+    def append_block(self, request: Request) -> bool:
+        """One more block at the end of the table of a request that has one and whose table is
+        full: what `allocate_slots(request, num_slots + 1)` does, without its general case
+        (the decode that crosses a block boundary). False, changing nothing, if none is free."""
+        table = self._tables.get(request.request_id)
+        pool = self.pool
+        free = pool._free
+        if table is None or not free:
+            return False
+        block_id, _ = free.popitem(last=False)
+        block = pool.blocks[block_id]
+        if block.block_hash is not None:
+            pool._uncache(block)
+            log = pool.eviction_log
+            if log is not None:
+                log[0].append(block_id)
+                log[1].append(request.request_id)
+        block.ref_count = 1
+        table.append(block_id)
+        request.num_slots += self.block_size
+        return True
+
     def commit_computed(self, request: Request) -> None:
         """Register the request's newly full, computed blocks in the prefix cache."""
         if not self.enable_prefix_caching:

@@ -352,6 +352,7 @@ class Scheduler:
         the token starts a new block. Everything else goes through `StepBuilder.grant/take`.
         """
         accounting = self.accounting
+        kv = self.kv_cache
         lanes = bool(step.lane_left)
         so = step.output
         rows, ids, starts = step.requests, so.request_ids, so.num_computed_tokens
@@ -375,7 +376,8 @@ class Scheduler:
                 # request the executor knows (it was admitted in an earlier step); only a new
                 # block needs telling it.
                 if start >= request.num_slots:
-                    if not self._allocate_or_preempt(
+                    fast = start == request.num_slots and kv.append_block(request)
+                    if not fast and not self._allocate_or_preempt(
                         request, start + 1, ordered, index, preempted, now
                     ):
                         continue

@@ -26,7 +26,7 @@ from heddle.engine.outputs import RequestOutput
 from heddle.errors import HeddleError, InvalidRequestError
 from heddle.executor import Executor
 from heddle.metrics.record import RequestRecord
-from heddle.metrics.steps import StepStat
+from heddle.metrics.steps import StepLog
 from heddle.reasoning import Phase, ReasoningFormat, ReasoningState, thinking_budget
 from heddle.request import FinishReason, Request, SamplingParams
 from heddle.sessions.manager import copy_cost_of, recompute_cost_of
@@ -108,7 +108,7 @@ class Engine:
         self.compact_records = compact_records
         self.record_steps = record_steps
         self.record_step_requests = record_step_requests
-        self.step_stats: list[StepStat] = []
+        self.step_stats = StepLog()  # one row per step, in columns
         # Wall seconds spent inside the executor vs. in the engine's own bookkeeping.
         self.execute_seconds = 0.0
         self.overhead_seconds = 0.0
@@ -414,21 +414,20 @@ class Engine:
         self, scheduler_output: SchedulerOutput, start: float, duration: float
     ) -> None:
         kv = self.kv_cache
-        self.step_stats.append(
-            StepStat(
-                step_id=scheduler_output.step_id,
-                start_time=start,
-                duration=duration,
-                num_prefill_tokens=scheduler_output.num_prefill_tokens,
-                num_decode_tokens=scheduler_output.num_decode_tokens,
-                num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting),
-                kv_blocks_used=kv.num_used_blocks,
-                kv_blocks_total=kv.num_blocks,
-                request_ids=scheduler_output.request_ids if self.record_step_requests else [],
-                num_requests=scheduler_output.num_rows,
-                token_budget=self.config.scheduler.max_num_batched_tokens,
-            )
+        scheduler = self.scheduler
+        self.step_stats.record(
+            scheduler_output.step_id,
+            start,
+            duration,
+            scheduler_output.num_prefill_tokens,
+            scheduler_output.num_decode_tokens,
+            len(scheduler.running),
+            len(scheduler.waiting),
+            kv.num_used_blocks,
+            kv.num_blocks,
+            self.config.scheduler.max_num_batched_tokens,
+            scheduler_output.num_rows,
+            scheduler_output.request_ids if self.record_step_requests else None,
         )
 
     def check_integrity(self) -> None:

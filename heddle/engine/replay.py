@@ -16,7 +16,9 @@ simulated result is a statement about the real system.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,7 @@ from heddle.engine.engine import Engine
 from heddle.errors import HeddleError
 from heddle.metrics.programs import ProgramRecord
 from heddle.metrics.record import RequestRecord
-from heddle.metrics.steps import StepStat
+from heddle.metrics.steps import StepLog
 from heddle.request import SamplingParams
 from heddle.structured.spec import GrammarSpec
 from heddle.workloads import AgentRun, TokenContexts, Workload, WorkloadRequest
@@ -37,7 +39,7 @@ _JSON_OBJECT = GrammarSpec.json_object()
 @dataclass(slots=True)
 class ReplayResult:
     records: list[RequestRecord]
-    step_stats: list[StepStat]
+    step_stats: StepLog
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (request id, reason)
     start_time: float = 0.0  # the engine clock's time of the workload's t=0
     elapsed: float = 0.0  # engine-clock seconds from start to the last finish
@@ -67,22 +69,19 @@ def replay(
     # Agent programs: a finished call causes the next ones (after a tool, or a fan-out/join).
     agents = AgentRun(workload, TokenContexts(vocab_size)) if workload.is_agent else None
     first = agents.first_requests() if agents is not None else workload.requests
-    # (arrival time, order of creation, request): ties between equal times keep workload order.
-    events: list[tuple[float, int, WorkloadRequest]] = [
-        (start + r.arrival_time, i, r) for i, r in enumerate(first)
-    ]
-    heapq.heapify(events)
-    next_order = len(events)
+    # Arrivals by (time, order of creation): ties between equal times keep workload order.
+    events = _Arrivals(start, first)
+    next_order = len(first)
     in_flight: dict[str, WorkloadRequest] = {}
-    result = ReplayResult(records=[], step_stats=[], start_time=start, engine=engine)
+    result = ReplayResult(records=[], step_stats=StepLog(), start_time=start, engine=engine)
     bar = _Progress(len(workload.flat())) if progress else None
     wall_start = time.perf_counter()
     records_before = len(engine.finished_records)
 
     while events or engine.has_unfinished_requests():
         now = clock.now()
-        while events and events[0][0] <= now:
-            arrival, _, request = heapq.heappop(events)
+        while events and events.next_time() <= now:
+            arrival, request = events.pop()
             prompt_ids = list(
                 agents.context_of(request) if agents is not None else request.prompt_ids(vocab_size)
             )
@@ -112,14 +111,14 @@ def replay(
             in_flight[request.request_id] = request
         if not engine.has_unfinished_requests():
             if events:
-                clock.wait_until(events[0][0])
+                clock.wait_until(events.next_time())
             continue
         steps_before = engine.num_steps
         outputs = engine.step()
         if engine.num_steps == steps_before:
             if not events:
                 raise RuntimeError("the scheduler can run nothing and no event is pending")
-            clock.wait_until(events[0][0])
+            clock.wait_until(events.next_time())
             continue
         for output in outputs:
             if not output.finished:
@@ -132,7 +131,7 @@ def replay(
                 for follow_up in agents.finished(
                     request, record.finish_time - start, output.outputs[0].token_ids
                 ):
-                    heapq.heappush(events, (start + follow_up.arrival_time, next_order, follow_up))
+                    events.push(start + follow_up.arrival_time, next_order, follow_up)
                     next_order += 1
 
     if bar is not None:
@@ -150,6 +149,51 @@ def replay(
     engine.scheduler.sessions.release_all()  # what a failed program left parked
     engine.check_integrity()
     return result
+
+
+class _Arrivals:
+    """The pending arrivals in (time, order of creation) order: the workload's own requests
+    read in place when they are in time order (a heap of a million tuples costs ~100 MB and
+    seconds), and a heap for the rest (follow-up calls of agent programs, or a workload whose
+    requests are not sorted by arrival)."""
+
+    def __init__(self, start: float, requests: Sequence[WorkloadRequest]) -> None:
+        self._start = start
+        in_order = all(a.arrival_time <= b.arrival_time for a, b in itertools.pairwise(requests))
+        self._list: Sequence[WorkloadRequest] = requests if in_order else ()
+        self._next = 0
+        self._heap: list[tuple[float, int, WorkloadRequest]] = []
+        if not in_order:
+            self._heap = [(start + r.arrival_time, i, r) for i, r in enumerate(requests)]
+            heapq.heapify(self._heap)
+
+    def __bool__(self) -> bool:
+        return self._next < len(self._list) or bool(self._heap)
+
+    def _from_list(self) -> bool:
+        """Is the next event the list's? (Ties go to the lower order: the list's.)"""
+        if self._next >= len(self._list):
+            return False
+        if not self._heap:
+            return True
+        time = self._start + self._list[self._next].arrival_time
+        return (time, self._next) < self._heap[0][:2]
+
+    def next_time(self) -> float:
+        if self._from_list():
+            return self._start + self._list[self._next].arrival_time
+        return self._heap[0][0]
+
+    def pop(self) -> tuple[float, WorkloadRequest]:
+        if self._from_list():
+            request = self._list[self._next]
+            self._next += 1
+            return self._start + request.arrival_time, request
+        time, _, request = heapq.heappop(self._heap)
+        return time, request
+
+    def push(self, time: float, order: int, request: WorkloadRequest) -> None:
+        heapq.heappush(self._heap, (time, order, request))
 
 
 def session_fields(request: WorkloadRequest) -> dict[str, Any]:

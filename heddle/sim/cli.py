@@ -135,9 +135,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     # Off a terminal rich assumes 80 columns, too narrow for the table: use a log's width.
     print_summary(summary, title, console=Console(width=None if sys.stdout.isatty() else 200))
     steps = result.step_stats
-    batch = [s.num_requests for s in steps]
-    kv = [s.kv_blocks_used / s.kv_blocks_total for s in steps]
-    util = [s.utilization for s in steps]
     print(
         f"{len(result.records)} requests, {len(result.rejected)} rejected, "
         f"{result.num_steps} steps, {result.num_preemptions} preemptions, "
@@ -145,12 +142,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         f"{result.wall_seconds:.1f} s wall ({result.requests_per_wall_second:.0f} requests/s)"
     )
     if steps:
-        print(
-            f"batch size mean {sum(batch) / len(batch):.1f} max {max(batch)}; "
-            f"KV blocks ({result.num_blocks}) used mean {100 * sum(kv) / len(kv):.1f}% "
-            f"peak {100 * max(kv):.1f}%; "
-            f"step utilization (tokens / budget) mean {100 * sum(util) / len(util):.1f}%"
-        )
+        print(_step_summary(steps, result.num_blocks))
     if result.rejected:
         print(f"rejected, e.g. {result.rejected[0][0]}: {result.rejected[0][1]}")
     speculator = result.engine.scheduler.speculator if result.engine is not None else None
@@ -171,6 +163,21 @@ def run_simulate(args: argparse.Namespace) -> int:
         view = recorder.save(Path(args.output_dir) / f"{args.label}.view.json.gz", result.records)
         print(f"wrote {view}: open it with `heddle view {Path(args.output_dir) / args.label}.json`")
     return 0
+
+
+def _step_summary(steps: Any, num_blocks: int) -> str:
+    """Batch size, KV use and step utilization over the run's steps (a StepLog's columns)."""
+    batch = steps.column("num_requests")
+    used, total = steps.column("kv_blocks_used"), steps.column("kv_blocks_total")
+    kv = [u / t for u, t in zip(used, total, strict=True)]
+    tokens = map(int.__add__, steps.column("num_prefill_tokens"), steps.column("num_decode_tokens"))
+    util = [n / b if b else 0.0 for n, b in zip(tokens, steps.column("token_budget"), strict=True)]
+    return (
+        f"batch size mean {sum(batch) / len(batch):.1f} max {max(batch)}; "
+        f"KV blocks ({num_blocks}) used mean {100 * sum(kv) / len(kv):.1f}% "
+        f"peak {100 * max(kv):.1f}%; "
+        f"step utilization (tokens / budget) mean {100 * sum(util) / len(util):.1f}%"
+    )
 
 
 def _print_overload(args: argparse.Namespace, result: Any) -> None:
