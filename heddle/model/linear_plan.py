@@ -162,7 +162,7 @@ class DispatchChoice:
     max_rows: int  # 0: never the quantized kernel
     timings_us: dict[int, tuple[float, float]]  # rows -> (quantized, float) medians, us
     # The largest spread (_spread) of one path's rounds at one row count: above NOISY_SPREAD
-    # the machine was busy while timing, and the plan is not worth caching.
+    # the machine was busy while timing (the plan is cached with a warning).
     spread: float = 0.0
 
 

@@ -10,8 +10,9 @@ layer shapes and kernels of each kind, the row counts tried and the tuning rule.
 finds its key's file applies it without timing anything; one that does not times, writes the
 file atomically, and holds a lock meanwhile so that processes starting at once wait for the
 first one's plan instead of timing their own. A plan timed on a busy machine (one path's rounds
-spread by more than NOISY_SPREAD of their median, an outlier at each end not counted) is used
-by its process but not cached: a later, quieter start times again.
+spread by more than NOISY_SPREAD of their median, an outlier at each end not counted) is cached
+all the same, with its spread, and a warning says to time it again on a quiet machine
+(`--retune-kernels`): the same kernels in every process come first.
 
 Cache directory: $HEDDLE_TUNING_CACHE, else $XDG_CACHE_HOME/heddle/tuning (~/.cache/...).
 `ModelConfig.retune_kernels` (`--retune-kernels`) times again and overwrites the file.
@@ -92,11 +93,12 @@ def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool
                    for c in choices}
         spread = max(c.spread for c in choices)
         if spread > NOISY_SPREAD:
-            # Timed on a busy machine: good enough for this process, not for every later one.
-            logger.warning("quantization auto: kernel timings too noisy to cache (spread %.0f%% "
-                           "> %.0f%%); tuned plan for this process only: %s", 100 * spread,
-                           100 * NOISY_SPREAD, description)
-            return description
+            # Cached all the same: every process on the machine must run the same kernels (a
+            # plan per process would bring back the disagreement this cache exists to end).
+            logger.warning("quantization auto: kernel timings were noisy (spread %.0f%% > %.0f%%:"
+                           " a busy machine?); the plan is cached anyway, rerun with "
+                           "--retune-kernels on a quiet machine to time it again", 100 * spread,
+                           100 * NOISY_SPREAD)
         try:
             write_plan(path, key, plan, timings, description, spread)
         except OSError as e:  # a read-only cache: the plan still holds for this process
@@ -190,8 +192,8 @@ def main() -> None:
         try:
             data = json.loads(path.read_text())
             key = data["key"]
-            print(f"{path}: {key['dtype']}, {key['threads']} threads, torch {key['torch']}: "
-                  f"{data['description']}")
+            print(f"{path}: {key['dtype']}, {key['threads']} threads, torch {key['torch']}, "
+                  f"timing spread {100 * data.get('spread', 0.0):.0f}%: {data['description']}")
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"{path}: unreadable ({e})", file=sys.stderr)
 
