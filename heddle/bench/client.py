@@ -19,11 +19,13 @@ from typing import Any
 import httpx
 
 from heddle.bench.prompts import PROMPT_MODES
+from heddle.bench.refusals import refusal_report
 from heddle.bench.report import BenchResult, print_report, write_outputs
 from heddle.bench.runner import LoadOptions, generate_load
 from heddle.cli.flags import parse_key_values, parse_slo
 from heddle.errors import HeddleError
 from heddle.metrics import SLO, summarize
+from heddle.metrics.summary import run_span
 from heddle.workloads import ARRIVAL_PROCESSES, Workload, get_workload, list_workloads
 from heddle.workloads.arrivals import arrival_arg
 
@@ -91,6 +93,7 @@ async def run_bench_async(
     workload_options: dict[str, Any] | None = None,
     extensions: bool = True,
     progress: bool = False,
+    retry_refused: int = 0,
 ) -> BenchResult:
     """Run the load and summarize it (see run_bench)."""
     if prompt_mode not in PROMPT_MODES:
@@ -99,6 +102,8 @@ async def run_bench_async(
         raise HeddleError("concurrency must be at least 1")
     if max_duration is not None and max_duration <= 0:
         raise HeddleError("max duration must be positive")
+    if retry_refused < 0:
+        raise HeddleError("retries of refused requests must be >= 0")
     load = build_workload(
         workload,
         num_requests=num_requests,
@@ -122,6 +127,7 @@ async def run_bench_async(
         temperature=temperature,
         extensions=extensions,
         headers=headers,
+        retry_refused=retry_refused,
     )
     if load.is_agent:
         return await _run_agents(
@@ -168,7 +174,9 @@ async def run_bench_async(
             result = await generate_load(load, options, advance)
     else:
         result = await generate_load(load, options)
-    records = [o.record for o in result.outcomes]
+    # Refused requests (HTTP 429) are load the server chose not to take: not records of the
+    # summary, not errors; their own report counts them as offered (heddle.bench.refusals).
+    records = [o.record for o in result.outcomes if not o.refused]
     config = {
         "base_url": base_url,
         "model": model,
@@ -180,17 +188,38 @@ async def run_bench_async(
         "max_duration": max_duration,
         "request_timeout": request_timeout,
         "temperature": temperature,
+        "retry_refused": retry_refused,
         "slo": None if slo is None else {"ttft": slo.ttft, "tpot": slo.tpot},
     }
+    summary = summarize(records, slo=slo)
     return BenchResult(
         config=config,
         workload=load.describe(),
         records=records,
-        summary=summarize(records, slo=slo),
-        errors={o.record.request_id: o.error for o in result.outcomes if o.error is not None},
+        summary=summary,
+        errors={
+            o.record.request_id: o.error
+            for o in result.outcomes
+            if o.error is not None and not o.refused
+        },
         num_not_sent=result.num_not_sent,
         wall_time=result.wall_time,
         workload_requests=load.flat(),
+        refusals=refusal_report(
+            result.outcomes, run_span(o.record for o in result.outcomes), slo, retry_refused
+        ),
+        refused=[
+            {
+                "request_id": o.record.request_id,
+                "request_class": o.record.request_class,
+                "arrival_time": o.record.arrival_time,
+                "num_refusals": o.num_refusals,
+                "retry_after": o.retry_after,
+                "message": o.error,
+            }
+            for o in result.outcomes
+            if o.refused
+        ],
     )
 
 
@@ -304,6 +333,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--max-duration", type=float, default=None, help="seconds, then stop")
     load.add_argument("--request-timeout", type=float, default=300.0, help="seconds")
     load.add_argument("--seed", type=int, default=0)
+    load.add_argument(
+        "--retry-refused",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send a refused request (HTTP 429) again after its Retry-After, up to N times",
+    )
     req = parser.add_argument_group("requests")
     req.add_argument("--model", default=None, help="model name (default: the server's first)")
     req.add_argument("--api-key", default=None)
@@ -345,6 +381,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         workload_options=parse_key_values(args.workload_option, "--workload-option"),
         extensions=not args.no_extensions,
         progress=not args.no_progress,
+        retry_refused=args.retry_refused,
     )
     print_report(result)
     if args.output_dir:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heddle.bench.refusals import RefusalReport
 from heddle.metrics import Summary, record_to_dict
 from heddle.metrics.programs import ProgramRecord, ProgramSummary, format_program_summary
 from heddle.metrics.record import RequestRecord
@@ -28,6 +29,9 @@ class BenchResult:
     # Agent workloads: one record per program and their summary.
     program_records: list[ProgramRecord] = field(default_factory=list)
     programs: ProgramSummary | None = None
+    # HTTP 429s, apart from errors: per class, and each refused request (heddle.bench.refusals)
+    refusals: RefusalReport | None = None
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self, with_records: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -38,6 +42,9 @@ class BenchResult:
             "summary": self.summary.to_dict(),
             "errors": self.errors,
         }
+        if self.refusals is not None:
+            out["refusals"] = self.refusals.to_dict()
+            out["refused"] = self.refused
         if self.programs is not None:
             out["programs"] = self.programs.to_dict()
         if with_records:
@@ -99,6 +106,8 @@ def print_report(result: BenchResult, console: Any = None) -> None:
         f"output {overall.output_throughput:.1f} tok/s, "
         f"total {overall.total_token_throughput:.1f} tok/s; wall {result.wall_time:.1f} s"
     )
+    if result.refusals is not None and result.refusals.overall.refusals:
+        console.print(result.refusals.line(), highlight=False)
     if result.programs is not None:
         console.print(format_program_summary(result.programs), highlight=False)
     if result.errors:

@@ -34,6 +34,9 @@ class LoadOptions:
     temperature: float = 0.0
     extensions: bool = True  # send heddle's fields (priority, request_class, SLOs) when set
     headers: dict[str, str] = field(default_factory=dict)
+    # A refused request (HTTP 429) is sent again after its Retry-After, up to this many times
+    # (0: never; a refusal is then final). Retries stop at the run's max_duration.
+    retry_refused: int = 0
 
 
 @dataclass(slots=True)
@@ -121,6 +124,17 @@ class _Driver:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def _attempt(self, request: WorkloadRequest, payload: dict[str, Any]) -> Outcome:
+        return await send_request(
+            self.client,
+            self.options.url,
+            payload,
+            request,
+            self.t0,
+            self.options.request_timeout,
+            self.deadline,
+        )
+
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.perf_counter() >= self.deadline
 
@@ -143,15 +157,26 @@ class _Driver:
         if self._past_deadline():
             self.num_not_sent += 1
             return
-        outcome = await send_request(
-            self.client,
-            self.options.url,
-            payload_for(request, self.options),
-            request,
-            self.t0,
-            self.options.request_timeout,
-            self.deadline,
-        )
+        payload = payload_for(request, self.options)
+        outcome = await self._attempt(request, payload)
+        first_sent = outcome.record.arrival_time
+        num_refusals = outcome.num_refusals
+        retry_after = outcome.retry_after
+        while outcome.refused and num_refusals <= self.options.retry_refused:
+            wait = 1.0 if outcome.retry_after is None else outcome.retry_after
+            if self.deadline is not None and time.perf_counter() + wait >= self.deadline:
+                break
+            await asyncio.sleep(wait)
+            outcome = await self._attempt(request, payload)
+            num_refusals += outcome.num_refusals
+            retry_after = outcome.retry_after if outcome.refused else retry_after
+        if num_refusals:
+            # The user's latency runs from the first attempt: a retried request's TTFT
+            # includes the time it spent refused.
+            outcome.num_refusals = num_refusals
+            outcome.retry_after = retry_after
+            outcome.first_sent = first_sent
+            outcome.record.arrival_time = first_sent
         self.outcomes.append(outcome)
         if self.on_done is not None:
             self.on_done(outcome)

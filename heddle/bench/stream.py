@@ -26,6 +26,30 @@ from heddle.workloads import WorkloadRequest
 class Outcome:
     record: RequestRecord
     error: str | None = None
+    # HTTP 429: the server refused the request at arrival (admission control, a full queue).
+    # A refusal is not an error: it is load the server chose not to take (heddle.bench.refusals).
+    refused: bool = False
+    retry_after: float | None = None  # the last refusal's Retry-After, seconds
+    num_refusals: int = 0  # 429 answers this request got (several when the client retried)
+    first_sent: float | None = None  # the first attempt's time, when it was retried
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A Retry-After header in seconds: delay-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    from email.utils import parsedate_to_datetime
+
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def spread_times(chunk_times: list[float], num_tokens: int) -> list[float]:
@@ -104,10 +128,16 @@ async def send_request(
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    refused = False
+    retry_after: float | None = None
     try:
         async with asyncio.timeout(timeout):
             async with client.stream("POST", url, json=payload) as response:
-                if response.status_code != 200:
+                if response.status_code == 429:
+                    refused = True
+                    retry_after = retry_after_seconds(response.headers.get("retry-after"))
+                    error = _error_message(response.status_code, await response.aread())
+                elif response.status_code != 200:
                     error = _error_message(response.status_code, await response.aread())
                 else:
                     async for chunk in sse_chunks(response):
@@ -132,6 +162,10 @@ async def send_request(
     end = time.perf_counter() - t0
     if error is None and not chunk_times:
         error = "the response carried no text"
+    if refused:
+        record.finish_reason = "refused"
+        record.finish_time = end
+        return Outcome(record, error, refused=True, retry_after=retry_after, num_refusals=1)
     if error is not None:
         record.finish_reason = "abort" if cut_off and error.startswith("cut off") else "error"
         record.finish_time = end
