@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import platform
 import sys
@@ -38,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
-from heddle.metrics.steady import Refused, interval, window_report
+from heddle.core.policies import available_policies
+from heddle.metrics.steady import Refused, interval, phase_reports, window_report
 from heddle.workloads import Workload, get_workload
 
 RESULTS = Path("results/steady_state")
@@ -90,15 +92,28 @@ class Point:
     load: float  # multiple of fcfs's saturation throughput
     num_requests: int
     seed: int
+    # Stop at the last arrival instead of draining (the drain is outside the window anyway):
+    # window throughput is exactly the drained run's; TTFTs of requests still waiting at the
+    # cut are censored there, so TTFT figures of cut runs are lower bounds (never in a table).
+    cut: bool = False
+    arrival: str = "poisson"  # or a rate profile: "burst:peak=3,peak_seconds=30,calm=0.7"
+    policy_options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def make_workload(spec: Spec, seed: int, rate: float, num_requests: int) -> Workload:
+def make_workload(
+    spec: Spec, seed: int, rate: float, num_requests: int, arrival: str = "poisson"
+) -> Workload:
     base = get_workload(
-        spec.generator, seed=seed, num_requests=num_requests, rate=rate, **dict(spec.options)
+        spec.generator,
+        seed=seed,
+        num_requests=num_requests,
+        rate=rate,
+        arrival=arrival,
+        **dict(spec.options),
     )
     slos = {cls: (ttft, tpot, priority) for cls, ttft, tpot, priority in spec.slos}
     requests = []
@@ -108,28 +123,43 @@ def make_workload(spec: Spec, seed: int, rate: float, num_requests: int) -> Work
     return Workload(base.name, base.params, base.seed, requests)
 
 
-def _simulate(workload: Workload, scheduler: SchedulerConfig, seed: int) -> Any:
+def _simulate(
+    workload: Workload, scheduler: SchedulerConfig, seed: int, until: float | None = None
+) -> Any:
     """The one place that builds the simulated engine (the defaults of `heddle simulate`)."""
-    from heddle.sim.simulator import build_sim_engine, simulate
+    from heddle.engine.replay import replay
+    from heddle.sim.simulator import build_sim_engine
 
     config = EngineConfig(cache=CacheConfig(block_size=16), scheduler=scheduler, seed=seed)
     engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100")
-    return simulate(workload, engine)
+    assert engine.vocab_size is not None
+    return replay(engine, workload, vocab_size=engine.vocab_size, until=until)
 
 
 def run_point(point: Point) -> dict[str, Any]:
     spec = WORKLOADS[point.workload]
     rate = point.load * spec.saturation
-    workload = make_workload(spec, point.seed, rate, point.num_requests)
+    workload = make_workload(spec, point.seed, rate, point.num_requests, point.arrival)
     scheduler = SchedulerConfig(
         max_num_batched_tokens=8192,
         max_num_seqs=256,
         policy=point.policy,
+        policy_options=dict(point.policy_options),
         **VARIANTS[point.variant],
     )
+    until = None
+    if point.cut:
+        until = math.nextafter(max(r.arrival_time for r in workload.requests), math.inf)
     started = time.perf_counter()
-    result = _simulate(workload, scheduler, point.seed)
+    result = _simulate(workload, scheduler, point.seed, until)
     wall = time.perf_counter() - started
+    records = result.records
+    if result.cut:
+        # What the cut aborted is unfinished at the end of the run (TTFT censored there).
+        records = [
+            replace(r, finish_time=None, finish_reason=None) if r.finish_reason == "abort" else r
+            for r in records
+        ]
     by_id = {r.request_id: r for r in workload.requests}
     refused = [
         Refused(
@@ -141,10 +171,22 @@ def run_point(point: Point) -> dict[str, Any]:
         for rid, reason in result.rejected
         if rid in by_id
     ]
-    report = window_report(result.records, refused, classes=spec.short)
+    report = window_report(records, refused, classes=spec.short)
     short = report.classes["+".join(spec.short)]
     overall = report.overall
+    phases = {}
+    if point.arrival != "poisson":
+        reports = phase_reports(
+            records, refused, point.arrival, start=result.start_time, classes=spec.short
+        )
+        joined = "+".join(spec.short)
+        phases = {
+            name: {"short": _row(r.classes[joined]), "overall": _row(r.overall)}
+            for name, r in reports.items()
+            if joined in r.classes
+        }
     engine = result.engine
+    steps = _step_use(result.step_stats, report.intervals)
     guard = engine.scheduler.preemption_guard.report() if engine is not None else {}
     admission = engine.scheduler.admission.report() if engine is not None else {}
     return {
@@ -160,6 +202,29 @@ def run_point(point: Point) -> dict[str, Any]:
         "computed_tokens": guard.get("computed_tokens"),
         "guard_refused": guard.get("refused"),
         "admission": admission,
+        "phases": phases,
+        "steps": steps,
+    }
+
+
+def _step_use(stats: Sequence[Any], spans: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """How the machine was used inside the window: the share of time a step ran (busy), mean
+    seats taken, tokens per step against the budget, KV blocks in use, prefill and decode
+    tokens per second."""
+    inside = [s for s in stats if any(a <= s.start_time < b for a, b in spans)]
+    length = sum(b - a for a, b in spans)
+    if not inside or length <= 0:
+        return {}
+    n = len(inside)
+    busy = sum(s.duration for s in inside)
+    return {
+        "busy": busy / length,
+        "running": sum(s.num_running for s in inside) / n,
+        "tokens_per_step": sum(s.num_tokens for s in inside) / n,
+        "budget_per_step": sum(s.token_budget for s in inside) / n,
+        "kv_used": sum(s.kv_blocks_used / s.kv_blocks_total for s in inside) / n,
+        "prefill_tok_s": sum(s.num_prefill_tokens for s in inside) / length,
+        "decode_tok_s": sum(s.num_decode_tokens for s in inside) / length,
     }
 
 
@@ -263,12 +328,103 @@ def table(rows: Sequence[dict[str, Any]], by: str) -> str:
     return "\n".join(lines)
 
 
+def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Target 1: per (workload, load, policy) token and request throughput in the window, the
+    ratio to fcfs's (paired by seed: same arrivals), preemptions and tokens thrown away per
+    token computed (thrash)."""
+    fcfs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        p = row["point"]
+        if p["policy"] == "fcfs" and p["variant"] == "default":
+            fcfs[(p["workload"], p["load"], p["num_requests"], p["seed"])] = row
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        p = row["point"]
+        opts = ",".join(f"{k}={v}" for k, v in p.get("policy_options") or ())
+        name = p["policy"] + (f" ({opts})" if opts else "")
+        key = (p["workload"], p["load"], p["num_requests"], name, p["variant"])
+        groups.setdefault(key, []).append(row)
+    header = [
+        "workload", "load", "requests", "policy", "variant", "seeds", "tok/s", "tok/s / fcfs",
+        "req/s / fcfs", "decode tok/s / fcfs", "busy", "seats", "tokens/step", "KV used",
+        "preempt", "lost / computed",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (workload, load, n, name, variant), members in sorted(groups.items()):
+        tok, ratio, req_ratio, dec_ratio, pre, lost = [], [], [], [], [], []
+        use: dict[str, list[float]] = {}
+        for m in members:
+            for k, v in (m.get("steps") or {}).items():
+                use.setdefault(k, []).append(v)
+            o = m["overall"]
+            tok.append(o["total_token_throughput"])
+            pre.append(float(m["num_preemptions"]))
+            if m.get("computed_tokens"):
+                lost.append(m["lost_tokens"] / m["computed_tokens"])
+            base = fcfs.get((workload, load, n, m["point"]["seed"]))
+            if base is not None:
+                b = base["overall"]
+                for out, mine, theirs in (
+                    (ratio, o["total_token_throughput"], b["total_token_throughput"]),
+                    (req_ratio, o["request_throughput"], b["request_throughput"]),
+                    (
+                        dec_ratio,
+                        (m.get("steps") or {}).get("decode_tok_s"),
+                        (base.get("steps") or {}).get("decode_tok_s"),
+                    ),
+                ):
+                    if mine is not None and theirs:
+                        out.append(mine / theirs)
+        cells = [workload, f"{load:g}", str(n), name, variant, str(len(members))]
+        cells += [interval(tok).text(".0f")]
+        cells += [interval(v).text(".3f") if v else "-" for v in (ratio, req_ratio, dec_ratio)]
+        for k, fmt in (("busy", ".3f"), ("running", ".0f"), ("tokens_per_step", ".0f")):
+            cells.append(interval(use[k]).text(fmt) if k in use else "-")
+        cells.append(interval(use["kv_used"]).text(".2f") if "kv_used" in use else "-")
+        cells += [interval(pre).text(".0f"), interval(lost).text(".3f") if lost else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def phase_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Bursty arrivals: one line per (workload, policy, variant, arrival, phase)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        p = row["point"]
+        for phase, parts in sorted(row.get("phases", {}).items()):
+            key = (p["workload"], p["policy"], p["variant"], p["arrival"], phase)
+            groups.setdefault(key, []).append(parts)
+    header = ["workload", "policy", "variant", "arrival", "phase", "seeds"]
+    header += [c[0] for c in COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (workload, policy, variant, arrival, phase), members in groups.items():
+        cells = [workload, policy, variant, arrival, phase, str(len(members))]
+        for _, part, name, fmt in COLUMNS:
+            values = [m[part][name] for m in members if m[part][name] is not None]
+            cells.append(interval(values).text(fmt) if values else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _options(text: str) -> tuple[tuple[str, Any], ...]:
+    """Parse "long_share=0.5,x=1" into (("long_share", 0.5), ("x", 1)); values as JSON numbers."""
+    out = []
+    for item in text.split(","):
+        if item:
+            key, _, value = item.partition("=")
+            out.append((key, json.loads(value)))
+    return tuple(out)
+
+
+DEFAULT_POLICIES = "fcfs,priority,slo,sjf,oracle,mlfq,fair,lanes,adaptive,plas"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -284,44 +440,92 @@ def main(argv: Sequence[str] | None = None) -> int:
     s.add_argument("--workloads", default="long-prompt,chat")
     s.add_argument("--loads", type=_floats, default=[1.0, 1.5, 3.0])
     s.add_argument("--num-requests", type=int, default=3000)
-    s.add_argument("--policies", default="fcfs,priority,slo,sjf,mlfq,fair,lanes,adaptive")
+    s.add_argument("--policies", default=DEFAULT_POLICIES)
     s.add_argument("--variants", default="default,shed")
-    for p in (h, s):
+    t = sub.add_parser(
+        "throughput", help="target 1: throughput vs fcfs's under sustained overload (cut runs)"
+    )
+    t.add_argument("--workloads", default="long-prompt,chat,reasoning,multi-tenant")
+    t.add_argument("--loads", type=_floats, default=[1.5, 3.0])
+    t.add_argument("--num-requests", type=int, default=30000)
+    t.add_argument("--policies", default=DEFAULT_POLICIES)
+    t.add_argument("--variants", default="default")
+    b = sub.add_parser("burst", help="bursty arrivals, reported per phase (burst / calm)")
+    b.add_argument("--workload", default="long-prompt", choices=sorted(WORKLOADS))
+    b.add_argument("--arrival", default="burst:peak=3,peak_seconds=30,calm=0.7,calm_seconds=180")
+    b.add_argument("--num-requests", type=int, default=10000)
+    b.add_argument("--policies", default="fcfs,mlfq,lanes")
+    b.add_argument("--variants", default="default,shed")
+    r = sub.add_parser("table", help="print the table of saved JSON files (merged)")
+    r.add_argument("files", nargs="+", type=Path)
+    r.add_argument("--by", default="load", choices=["load", "num_requests", "throughput", "phase"])
+    for p in (h, s, t, b):
         p.add_argument("--seeds", type=_ints, default=[0, 1, 2])
+        p.add_argument("--policy-options", type=_options, default=(), help="k=v,... for all")
         p.add_argument("--jobs", type=int, default=2)
         p.add_argument("--name", default=None, help="results/steady_state/<name>.json")
         p.add_argument("--resume", action="store_true", help="reuse rows already in the JSON")
     args = parser.parse_args(argv)
+    if args.mode == "table":
+        rows = [row for f in args.files for row in json.loads(f.read_text())["rows"]]
+        machines = sorted({json.loads(f.read_text())["machine"] for f in args.files})
+        print(f"<!-- {' '.join(str(f) for f in args.files)}; {'; '.join(machines)} -->")
+        print(_render(rows, args.by))
+        return 0
     policies = args.policies.split(",")
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    unknown = sorted(set(policies) - set(available_policies()))
+    if unknown:
+        parser.error(f"unknown policies {unknown}; known: {', '.join(available_policies())}")
+    opts = args.policy_options
     if args.mode == "horizon":
         points = [
-            Point(args.workload, policy, variant, args.load, n, seed)
+            Point(args.workload, policy, variant, args.load, n, seed, policy_options=opts)
             for n in args.horizons
             for policy in policies
             for variant in variants
             for seed in args.seeds
         ]
         by = "num_requests"
-    else:
+    elif args.mode == "burst":
         points = [
-            Point(workload, policy, variant, load, args.num_requests, seed)
+            Point(args.workload, policy, variant, 1.0, args.num_requests, seed, False, args.arrival,
+                  opts)
+            for policy in policies
+            for variant in variants
+            for seed in args.seeds
+        ]  # fmt: skip
+        by = "phase"
+    else:
+        cut = args.mode == "throughput"
+        points = [
+            Point(
+                workload, policy, variant, load, args.num_requests, seed, cut, policy_options=opts
+            )
             for workload in args.workloads.split(",")
             for load in args.loads
             for policy in policies
             for variant in variants
             for seed in args.seeds
         ]
-        by = "load"
+        by = "throughput" if cut else "load"
     name = args.name or args.mode
     path = RESULTS / f"{name}.json"
     rows = run_all(points, path, args.jobs, args.resume)
     print(f"<!-- {' '.join(sys.argv)}; {machine()} -->")
-    print(table(rows, by))
+    print(_render(rows, by))
     return 0
+
+
+def _render(rows: Sequence[dict[str, Any]], by: str) -> str:
+    if by == "throughput":
+        return throughput_table(rows)
+    if by == "phase":
+        return phase_table(rows)
+    return table([r for r in rows if not r["point"].get("cut")], by)
 
 
 if __name__ == "__main__":

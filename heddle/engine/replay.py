@@ -49,6 +49,7 @@ class ReplayResult:
     num_blocks: int = 0
     engine: Engine | None = None
     programs: list[ProgramRecord] = field(default_factory=list)  # agent workloads: per program
+    cut: bool = False  # stopped at `until` with requests in flight (aborted), not drained
 
     @property
     def requests_per_wall_second(self) -> float:
@@ -62,8 +63,14 @@ def replay(
     vocab_size: int,
     temperature: float = 0.0,
     progress: bool = False,
+    until: float | None = None,
 ) -> ReplayResult:
-    """Run every request of `workload` through `engine` at its arrival time (engine clock)."""
+    """Run every request of `workload` through `engine` at its arrival time (engine clock).
+
+    `until` (seconds after the workload's t=0): stop there instead of draining; requests still
+    in flight are aborted (records with finish_reason "abort", `ReplayResult.cut` set), and
+    arrivals after it are never added. For steady-state measurements that do not count the
+    drain (heddle/metrics/steady.py): under sustained overload the drain is most of the run."""
     clock = engine.clock
     start = clock.now()
     # Agent programs: a finished call causes the next ones (after a tool, or a fan-out/join).
@@ -78,6 +85,7 @@ def replay(
     wall_start = time.perf_counter()
     records_before = len(engine.finished_records)
 
+    stop = None if until is None else start + until
     while events or engine.has_unfinished_requests():
         now = clock.now()
         while events and events.next_time() <= now:
@@ -109,6 +117,12 @@ def replay(
                     agents.failed(request, arrival - start)
                 continue
             in_flight[request.request_id] = request
+        if stop is not None and now >= stop:
+            result.cut = bool(in_flight)
+            for request_id in list(in_flight):
+                engine.abort_request(request_id)
+            in_flight.clear()
+            break
         if not engine.has_unfinished_requests():
             if events:
                 clock.wait_until(events.next_time())

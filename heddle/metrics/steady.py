@@ -272,7 +272,8 @@ def _window_class(
         slo is not None and (slo.ttft is not None or slo.tpot is not None)
     )
     within = sum(1 for r in completed if meets_slo(r, slo)) if with_slo else None
-    output_tokens = sum(inside.count(r.token_times) for r in records)
+    # list(): a timeline's TokenTimes indexes in O(length), and bisect indexes log(n) times.
+    output_tokens = sum(inside.count(list(r.token_times)) for r in records)
     prompt_tokens = sum(
         r.num_prompt_tokens
         for r in records

@@ -43,3 +43,35 @@ def test_points_rows_and_table(tmp_path):
     text = steady_state.table(rows, "num_requests")
     assert text.count("\n") == 1 + len(rows)
     assert "| long-prompt | mlfq | shed | 40 | 1 |" in text
+
+
+def test_a_cut_run_measures_the_window_as_the_drained_run_does(tmp_path):
+    import steady_state
+
+    drained, cut = (
+        steady_state.Point("long-prompt", "fcfs", "default", 3.0, 120, 0, cut) for cut in (0, 1)
+    )
+    rows = steady_state.run_all([drained, cut], tmp_path / "t.json", jobs=1, resume=False)
+    full, short = rows[0]["overall"], rows[1]["overall"]
+    # The window ends at the last arrival: what is done in it does not depend on the drain.
+    assert short["total_token_throughput"] == full["total_token_throughput"] > 0
+    assert short["offered"] == full["offered"]
+    assert full["unfinished"] == 0 < short["unfinished"]  # at 3x the queue is long at the cut
+    assert rows[1]["virtual_seconds"] < rows[0]["virtual_seconds"]
+    assert rows[1]["steps"]["busy"] == pytest.approx(1.0, abs=0.05)  # overloaded: never idle
+    text = steady_state.throughput_table(rows)
+    assert "| long-prompt | 3 | 120 | fcfs | default | 2 | " in text and "| 1.000 ± 0.000 " in text
+
+
+def test_bursts_are_reported_per_phase(tmp_path):
+    import steady_state
+
+    arrival = "burst:peak=3,peak_seconds=1,calm=0.5,calm_seconds=1,start_seconds=0.5"
+    point = steady_state.Point("chat", "fcfs", "default", 1.0, 120, 0, arrival=arrival)
+    (row,) = steady_state.run_all([point], tmp_path / "b.json", jobs=1, resume=False)
+    assert sorted(row["phases"]) == ["burst", "calm"]
+    offered = sum(p["overall"]["offered"] for p in row["phases"].values())
+    assert offered == 120  # every arrival is in one phase
+    assert "| chat | fcfs | default | " + arrival + " | burst | 1 |" in steady_state.phase_table(
+        [row]
+    )

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The steady-state runs of docs/POLICIES.md "Steady state and overload", split into CPU jobs of
+# under ~5 minutes each (the dev box is shared by several engineers): every piece is one
+# benchmarks/steady_state.py command with --resume (each finished point is saved at once), so
+# a piece cut short by its timeout loses only the points in flight; rerun the group to finish.
+# `python benchmarks/steady_state.py table results/steady_state/<name>*.json --by ...` merges.
+#   benchmarks/steady_state_runs.sh study        # slo + priority rows, reasoning, multi-tenant
+#   benchmarks/steady_state_runs.sh throughput N SEEDS   # target 1 (runs cut at the last arrival)
+#   benchmarks/steady_state_runs.sh horizon      # one case against the run's length
+#   benchmarks/steady_state_runs.sh burst        # bursts apart from sustained overload
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-/work/tools/py}
+CPU=${CPU:-/work/tools/cpu}
+piece() { timeout 295 "$CPU" "$PY" benchmarks/steady_state.py "$@" --resume --jobs 2 >/dev/null; }
+case "${1:-}" in
+  study)
+    for w in long-prompt chat; do
+      for p in slo priority; do
+        piece study --workloads "$w" --policies "$p" --variants shed --num-requests 3000 \
+          --seeds 0,1,2 --name "study_${w}_${p}"
+      done
+    done
+    for w in reasoning multi-tenant; do
+      for p in fcfs lanes mlfq slo priority fair; do
+        piece study --workloads "$w" --policies "$p" --variants shed --num-requests 3000 \
+          --seeds 0,1,2 --name "study_${w}_${p}"
+      done
+    done ;;
+  throughput)
+    n=${2:-10000}; seeds=${3:-0}
+    for w in ${WORKLOADS:-long-prompt chat reasoning multi-tenant}; do
+      for load in 1.5 3; do
+        for pair in ${PAIRS:-fcfs,lanes mlfq,sjf oracle,priority slo,fair adaptive,plas}; do
+          piece throughput --workloads "$w" --loads "$load" --policies "$pair" --seeds "$seeds" \
+            --num-requests "$n" --name "tp_${w}_${load}_${n}"
+        done
+      done
+    done ;;
+  horizon)
+    for n in 1000 3000 10000 30000; do
+      piece horizon --workload long-prompt --load 1.5 --horizons "$n" --policies fcfs,lanes \
+        --variants default,shed --seeds 0,1,2 --name "horizon_${n}"
+    done
+    piece horizon --workload long-prompt --load 1.5 --horizons 100000 --policies lanes \
+      --variants shed --seeds 0 --name horizon_100000 ;;
+  burst)
+    for p in fcfs lanes mlfq; do
+      piece burst --workload long-prompt --policies "$p" --variants default,shed \
+        --num-requests 10000 --seeds 0,1,2 --name "burst_${p}"
+    done ;;
+  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|burst" >&2; exit 2 ;;
+esac
