@@ -15,16 +15,17 @@ CPU=${CPU:-/work/tools/cpu}
 piece() { timeout 295 "$CPU" "$PY" benchmarks/steady_state.py "$@" --resume --jobs 2 >/dev/null; }
 case "${1:-}" in
   study)
-    for w in long-prompt chat; do
-      for p in slo priority; do
-        piece study --workloads "$w" --policies "$p" --variants shed --num-requests 3000 \
-          --seeds 0,1,2 --name "study_${w}_${p}"
-      done
-    done
-    for w in reasoning multi-tenant; do
-      for p in fcfs lanes mlfq slo priority fair; do
-        piece study --workloads "$w" --policies "$p" --variants shed --num-requests 3000 \
-          --seeds 0,1,2 --name "study_${w}_${p}"
+    # chat and multi-tenant have one priority (priority = fcfs there); fair only matters with
+    # several users (multi-tenant).
+    for wp in long-prompt:fcfs,mlfq,lanes,slo,priority chat:fcfs,mlfq,lanes,slo \
+              reasoning:fcfs,mlfq,lanes,slo,priority multi-tenant:fcfs,mlfq,lanes,slo,fair; do
+      w=${wp%%:*}
+      for p in ${wp#*:}; do
+        p=${p//,/ }
+        for q in $p; do
+          piece study --workloads "$w" --policies "$q" --variants shed --num-requests 3000 \
+            --seeds 0,1,2 --name "study_${w}_${q}"
+        done
       done
     done ;;
   throughput)
@@ -39,11 +40,13 @@ case "${1:-}" in
     done ;;
   horizon)
     for n in 1000 3000 10000 30000; do
-      piece horizon --workload long-prompt --load 1.5 --horizons "$n" --policies fcfs,lanes \
-        --variants default,shed --seeds 0,1,2 --name "horizon_${n}"
+      piece horizon --workload long-prompt --load 1.5 --horizons "$n" --policies fcfs \
+        --variants default,shed --seeds 0,1,2 --name "horizon_fcfs_${n}"
+      piece horizon --workload long-prompt --load 1.5 --horizons "$n" --policies lanes \
+        --variants shed --seeds 0,1,2 --name "horizon_lanes_${n}"
     done
     piece horizon --workload long-prompt --load 1.5 --horizons 100000 --policies lanes \
-      --variants shed --seeds 0 --name horizon_100000 ;;
+      --variants shed --seeds 0 --name horizon_lanes_100000 ;;
   burst)
     for p in fcfs lanes mlfq; do
       piece burst --workload long-prompt --policies "$p" --variants default,shed \

@@ -14,7 +14,9 @@ saturation. An `Admission` is consulted by `Scheduler.add_request` and observes 
   a request the policy (and the scheduler's preemption guard) would let evict a running one
   needs no free seat. Tokens: the prefill tokens ahead of it, its own and those of running
   prefills are computed at the measured prefill capacity of a step (token budget minus its
-  decode tokens) per step time.
+  decode tokens) per step time. Stalled: a request ahead of it that has waited longer than
+  that without being scheduled shows a queue the rates do not describe (arrivals of higher
+  rank keep overtaking it: mlfq's levels, priorities); its wait so far is the prediction.
 - `queue`: a plain bound on waiting requests per class (vLLM's and SGLang's queue limits,
   per class): option `max_waiting` is an int, or a dict by class with "*" for the rest.
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from heddle.errors import HeddleError
+from heddle.request import RequestStatus
 
 if TYPE_CHECKING:
     from heddle.core.outputs import SchedulerOutput
@@ -43,7 +46,8 @@ ADMISSION_MODES = ("off", "slo", "queue")
 class Refusal:
     """Why a request was refused at arrival, and when trying again could work."""
 
-    reason: str  # "seats" | "prefill" (slo mode: what the predicted wait was waiting for), "queue"
+    # "seats" | "prefill" | "stalled" (slo mode: what the predicted wait was waiting for), "queue"
+    reason: str
     message: str
     retry_after: float  # seconds
     predicted_ttft: float | None = None
@@ -245,7 +249,8 @@ class SLOAdmission(Admission):
 
     # -- the decision ---------------------------------------------------------------------
     def predict_ttft(self, request: Request, state: SchedulerState) -> tuple[float, str, int]:
-        """(predicted TTFT in seconds, what it waits for: "seats" or "prefill", queue ahead)."""
+        """(predicted TTFT in seconds, what it waits for: "seats", "prefill" or "stalled",
+        queue ahead)."""
         policy = state.policy
         now = state.now
         key = policy.sort_key(request, now)
@@ -264,6 +269,18 @@ class SLOAdmission(Admission):
             rate = self.departure_rate
             seat_wait = seats_needed / rate if rate > 0 else math.inf
         seat_ttft = seat_wait + own_prefill
+        # What the queue ahead has done, not only what it holds: the longest a request ahead
+        # of it has waited without being scheduled. The rates above cannot see arrivals that
+        # will overtake it (a policy's higher levels, classes or priorities, fed by a steady
+        # stream, e.g. mlfq's skip-join levels under overload); a request ahead that has
+        # already waited that long shows the queue there is not moving (CoDel's sojourn time).
+        stalled = max(
+            (now - r.arrival_time for r in ahead if r.status is RequestStatus.WAITING),
+            default=0.0,
+        )
+        best = max(seat_ttft, prefill_wait, stalled)
+        if best == stalled and stalled > 0:
+            return stalled, "stalled", len(ahead)
         if seat_ttft >= prefill_wait:
             return seat_ttft, "seats", len(ahead)
         return prefill_wait, "prefill", len(ahead)

@@ -10,6 +10,7 @@ from heddle.core.kv_cache import KVCacheManager
 from heddle.core.policies import make_policy
 from heddle.core.scheduler import Scheduler
 from heddle.errors import HeddleError, QueueFullError
+from heddle.request import RequestStatus
 from tests.factories import create_request, create_scheduler, sample_all
 from tests.sim.factories import scheduled, step
 
@@ -42,7 +43,10 @@ def test_a_seat_bound_prediction() -> None:
     running = [create_request(f"run{i}", arrival_time=0.0) for i in range(2)]
     for r in running:
         r.num_computed_tokens = r.num_tokens  # decoding
-    waiting = [create_request(f"w{i}", prompt_len=8, arrival_time=0.1 * i) for i in range(3)]
+    # (they arrived just now: none has waited longer than the prediction)
+    waiting = [
+        create_request(f"w{i}", prompt_len=8, arrival_time=0.99 + 0.001 * i) for i in range(3)
+    ]
     new = create_request("new", prompt_len=8, arrival_time=1.0)
     predicted, reason, ahead = admission.predict_ttft(new, _state(waiting, running))
     # 3 ahead + itself need 4 seats, none free: 4 / 50 per s; then its own 8-token prefill
@@ -53,12 +57,37 @@ def test_a_seat_bound_prediction() -> None:
 
 def test_a_prefill_bound_prediction() -> None:
     admission = _observed(1, 0.02, 2, 100)
-    waiting = [create_request(f"w{i}", prompt_len=60, arrival_time=0.1 * i) for i in range(3)]
+    waiting = [
+        create_request(f"w{i}", prompt_len=60, arrival_time=0.99 + 0.001 * i) for i in range(3)
+    ]
     new = create_request("new", prompt_len=60, arrival_time=1.0)
     predicted, reason, _ = admission.predict_ttft(new, _state(waiting, [], max_num_seqs=8))
     # 240 prefill tokens at 30 per 20 ms step: 8 steps; the seats are free.
     assert reason == "prefill"
     assert predicted == pytest.approx(8 * 0.02)
+
+
+def test_a_queue_ahead_that_does_not_move_is_the_prediction() -> None:
+    # The rates say a seat frees up every 20 ms, but a request the policy ranks ahead has
+    # waited 3 s unscheduled (requests of higher rank keep overtaking it): that is the wait.
+    admission = _observed(1, 0.02, 2, 100)
+    running = [create_request(f"run{i}", priority=0) for i in range(2)]
+    for r in running:
+        r.num_computed_tokens = r.num_tokens
+    stuck = create_request("stuck", arrival_time=-2.0, priority=5)
+    urgent = [create_request(f"u{i}", arrival_time=0.99, priority=0) for i in range(2)]
+    state = _state([stuck, *urgent], running, policy="priority")
+    late_low = create_request("late-low", arrival_time=1.0, priority=5)
+    predicted, reason, ahead = admission.predict_ttft(late_low, state)
+    assert (reason, ahead) == ("stalled", 3) and predicted == pytest.approx(3.0)
+    # An urgent newcomer is ahead of the stuck one: the stall is not its wait.
+    predicted, reason, ahead = admission.predict_ttft(
+        create_request("u", arrival_time=1.0, priority=0), state
+    )
+    assert reason == "seats" and ahead == 2 and predicted < 0.1
+    # A preempted request waiting again is not evidence of a stalled queue (it was served).
+    stuck.status = RequestStatus.PREEMPTED
+    assert admission.predict_ttft(late_low, state)[1] == "seats"
 
 
 def test_the_queue_ahead_is_the_policys() -> None:
