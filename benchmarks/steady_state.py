@@ -81,6 +81,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},  # the preemption guard on (max_recompute_ratio 0.1), no shedder
     "no-guard": {"max_recompute_ratio": None},
     "shed": {"admission": "slo"},  # the guard and the SLO shedder
+    # The shedder admitting up to 0.3x the TTFT target (default 0.8x): where the tail goes
+    "shed-0.3": {"admission": "slo", "admission_options": {"slack": 0.3}},
 }
 
 

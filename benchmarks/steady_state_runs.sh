@@ -8,6 +8,7 @@
 #   benchmarks/steady_state_runs.sh throughput N SEEDS   # target 1 (runs cut at the last arrival)
 #   benchmarks/steady_state_runs.sh horizon      # one case against the run's length
 #   benchmarks/steady_state_runs.sh burst        # bursts apart from sustained overload
+#   benchmarks/steady_state_runs.sh slack        # target 3: the shedder's slack and the tail
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/tools/py}
@@ -52,5 +53,13 @@ case "${1:-}" in
       piece burst --workload long-prompt --policies "$p" --variants default,shed \
         --num-requests 10000 --seeds 0,1,2 --name "burst_${p}"
     done ;;
-  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|burst" >&2; exit 2 ;;
+  slack)
+    # Target 3: the shedder's slack, not the order, sets the admitted requests' tail.
+    for w in long-prompt chat; do
+      for p in fcfs lanes mlfq; do
+        piece study --workloads "$w" --policies "$p" --variants shed-0.3 --loads 3 \
+          --num-requests 3000 --seeds 0,1,2 --name "slack_${w}_${p}"
+      done
+    done ;;
+  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|burst|slack" >&2; exit 2 ;;
 esac

@@ -1,0 +1,304 @@
+"""Overload on the real engine (issue 16, deliverable 5): the collapse, its fix and the shedder
+through `heddle serve`, loaded by the bench client (`heddle.bench`) over HTTP.
+
+One workload (long-prompt-mix scaled to two cores as in docs/POLICIES.md "The real engine":
+length 0.3, outputs <= 128, short 2 s / long 8 s TTFT targets, long priority 1), one server
+per arm (the embedded SmolLM2-135M in fp32, token budget 256, 16 seats), in this order:
+
+- `probe`: fcfs, every request queued at once: the measured capacity (completions per second);
+- then each arm at `--load` x that capacity (Poisson arrivals, the same seed), for
+  `--duration` seconds (the bench client's max duration: what is still in flight then is cut
+  off and counted as unfinished):
+  - `mlfq-noguard`: mlfq (thresholds scaled like the lengths), no preemption guard;
+  - `mlfq`: the same with the scheduler's preemption guard (default: 10% recompute);
+  - `mlfq-shed`: the guard and the SLO shedder (`--admission slo`: HTTP 429 + Retry-After).
+
+Per arm: the short class's TTFT against arrival time (windows of `--window` seconds: a queue
+that grows shows as a TTFT that grows), its trend (least-squares slope), completions and
+output tokens per second, refusals, preemptions (the server's /metrics).
+
+    python benchmarks/overload_real.py --duration 90 --output results/overload_real.json
+
+Wall-clock figures: run it under /work/tools/bench (alone on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from heddle.bench import run_bench
+from heddle.metrics.stats import LatencyStats
+from heddle.metrics.steady import Refused, window_report
+from heddle.workloads import Workload, get_workload
+
+# fp32 without per-start kernel tuning (the setup of docs/POLICIES.md "The real engine").
+SERVER_FLAGS = ["--max-num-batched-tokens", "256", "--max-num-seqs", "16", "--quantization", "none",
+                "--dtype", "float32"]  # fmt: skip
+MLFQ = ["--policy", "mlfq", "--policy-option", "quantum=4", "--policy-option", "prompt_quantum=128"]
+ARMS: dict[str, list[str]] = {
+    "probe": ["--policy", "fcfs"],
+    "mlfq-noguard": [*MLFQ, "--max-recompute-ratio", "none"],
+    "mlfq": MLFQ,
+    "mlfq-shed": [*MLFQ, "--admission", "slo"],
+}
+# (class, TTFT target s, TPOT target s, priority): the CPU-scale SLOs of the policy study.
+CLASSES = {"short": (2.0, 0.25, 0), "long": (8.0, 0.5, 1)}
+
+
+def workload(num_requests: int, rate: float, seed: int) -> Workload:
+    base = get_workload(
+        "long-prompt-mix",
+        seed=seed,
+        num_requests=num_requests,
+        rate=rate,
+        length_scale=0.3,
+        max_output_len=128,
+        max_prompt_len=512,
+    )
+    requests = []
+    for r in base.requests:
+        ttft, tpot, priority = CLASSES.get(r.request_class, CLASSES["short"])
+        requests.append(replace(r, ttft_slo=ttft, tpot_slo=tpot, priority=priority))
+    return Workload(base.name, base.params, base.seed, requests)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a Prometheus counter's samples (over its labels)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            match = re.match(rf"{name}(\{{[^}}]*\}})? ([0-9.eE+-]+)$", line)
+            if match:
+                total += float(match.group(2))
+    return total
+
+
+class Server:
+    def __init__(self, flags: list[str]) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "heddle", "serve", "--port", str(self.port),
+                   "--log-level", "warning", *SERVER_FLAGS, *flags]  # fmt: skip
+        self.process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {self.process.returncode}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError("the server did not become ready")
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.base_url}/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def run_arm(name: str, load: Workload, duration: float) -> dict[str, Any]:
+    server = Server(ARMS[name])
+    try:
+        server.wait_ready()
+        # One request first: the first step's warm-up is not part of the run.
+        httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"prompt": "warm up", "max_tokens": 4},
+            timeout=120,
+        ).raise_for_status()
+        before = server.metrics()
+        rate = load.params.get("rate")
+        result = run_bench(
+            server.base_url,
+            load,
+            request_rate=None if rate is None or math.isinf(rate) else rate,
+            concurrency=None if rate is not None and math.isfinite(rate) else 10_000,
+            max_duration=duration,
+            request_timeout=duration,
+        )
+        after = server.metrics()
+    finally:
+        server.stop()
+    return summarize_arm(name, result, before, after, duration)
+
+
+def summarize_arm(
+    name: str, result: Any, before: str, after: str, duration: float
+) -> dict[str, Any]:
+    records = result.records
+    refused = [
+        Refused(r["request_id"], r["arrival_time"], r["request_class"], "429")
+        for r in result.refused
+    ]
+    # The whole arrival span (no warm-up cut: the trend from the start is the point here).
+    end = max([r.arrival_time for r in records] + [x.arrival_time for x in refused] + [0.0])
+    report = window_report(
+        records, refused, intervals=[(0.0, math.nextafter(end, math.inf))], classes=("short",)
+    )
+    short, overall = report.classes["short"], report.overall
+    done = [r for r in records if r.finish_reason not in ("abort", "error")]
+    return {
+        "arm": name,
+        "duration": duration,
+        "sent": len(records) + len(refused),
+        "not_sent": result.num_not_sent,
+        "completed": sum(1 for r in done if r.finish_time is not None),
+        "cut_off": sum(1 for r in records if r.finish_reason == "abort"),
+        "refused": len(refused),
+        "refused_by_class": {c: v.refused for c, v in result.refusals.classes.items() if c != "all"}
+        if result.refusals
+        else {},
+        # The probe's arrivals are all at t=0: its rate is over the run's span instead.
+        "completions_per_s": result.summary.overall.request_throughput
+        if name == "probe"
+        else overall.request_throughput,
+        "short_completions_per_s": short.request_throughput,
+        "output_tok_s": overall.output_throughput,
+        "total_tok_s": overall.total_token_throughput,
+        "short_ttft_p50": short.ttft.p50,
+        "short_ttft_p99": short.ttft.p99,
+        "short_ttft_trend": short.ttft_trend,
+        "short_goodput": short.goodput,
+        "goodput": overall.goodput,
+        "short_ttft_by_window": by_window(records, "short", result.wall_time),
+        "preemptions": metric(after, "heddle_preemptions_total")
+        - metric(before, "heddle_preemptions_total"),
+        "steps": metric(after, "heddle_steps_total") - metric(before, "heddle_steps_total"),
+    }
+
+
+def by_window(records: list[Any], cls: str, span: float, width: float = 15.0) -> list[Any]:
+    """Short-class TTFT p50/p99 by arrival window; requests cut off before their first token
+    enter with their wait so far (censored), so a growing queue shows."""
+    out = []
+    t = 0.0
+    while t < span:
+        ttfts = []
+        for r in records:
+            if r.request_class != cls or not t <= r.arrival_time < t + width:
+                continue
+            if r.ttft is not None:
+                ttfts.append(r.ttft)
+            elif r.finish_time is not None:
+                ttfts.append(r.finish_time - r.arrival_time)
+        stats = LatencyStats.of(ttfts)
+        out.append({"start": t, "n": len(ttfts), "p50": stats.p50, "p99": stats.p99})
+        t += width
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arms", default="mlfq-noguard,mlfq,mlfq-shed")
+    parser.add_argument("--load", type=float, default=1.5, help="x the probe's capacity")
+    parser.add_argument("--duration", type=float, default=90.0, help="seconds per arm")
+    parser.add_argument("--probe-requests", type=int, default=48)
+    parser.add_argument("--probe-duration", type=float, default=40.0)
+    parser.add_argument("--capacity", type=float, default=None, help="req/s: skip the probe")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default="results/overload_real.json")
+    args = parser.parse_args(argv)
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
+    started = time.perf_counter()
+    rows = []
+    capacity = args.capacity
+    if capacity is None:
+        probe = run_arm(
+            "probe", workload(args.probe_requests, math.inf, args.seed), args.probe_duration
+        )
+        rows.append(probe)
+        capacity = probe["completions_per_s"]
+        if not capacity:
+            raise SystemExit("the probe completed no request: raise --probe-duration")
+        print(f"probe: {capacity:.2f} req/s", file=sys.stderr, flush=True)
+    rate = args.load * capacity
+    for arm in args.arms.split(","):
+        num = max(1, math.ceil(rate * args.duration))
+        row = run_arm(arm, workload(num, rate, args.seed), args.duration)
+        row["rate"] = rate
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "short_ttft_by_window"}),
+              file=sys.stderr, flush=True)  # fmt: skip
+    machine = f"{cpu_model()}; {os.cpu_count()} cores; Python {platform.python_version()}"
+    out = {
+        "command": " ".join(sys.argv),
+        "machine": machine,
+        "capacity": capacity,
+        "load": args.load,
+        "rows": rows,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(out, indent=1))
+    print(table(out))
+    return 0
+
+
+def table(out: dict[str, Any]) -> str:
+    head = ["arm", "sent", "completed", "refused", "req/s", "short req/s", "output tok/s",
+            "short TTFT p50 (s)", "short TTFT p99 (s)", "short trend (s/s)", "short goodput",
+            "preemptions", "short TTFT p99 by 15 s window"]  # fmt: skip
+    lines = [f"<!-- {out['command']}; {out['machine']}; capacity {out['capacity']:.2f} req/s -->"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(v: Any, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    for r in out["rows"]:
+        trend = " / ".join(f(w["p99"], ".1f") for w in r["short_ttft_by_window"] if w["n"])
+        lines.append(
+            "| " + " | ".join([
+                r["arm"], str(r["sent"]), str(r["completed"]), str(r["refused"]),
+                f(r["completions_per_s"], ".2f"), f(r["short_completions_per_s"], ".2f"),
+                f(r["output_tok_s"], ".0f"), f(r["short_ttft_p50"], ".2f"),
+                f(r["short_ttft_p99"], ".2f"), f(r["short_ttft_trend"], ".3f"),
+                f(r["short_goodput"], ".2f"), f(r["preemptions"], ".0f"), trend,
+            ]) + " |"
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
