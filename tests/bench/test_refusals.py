@@ -17,8 +17,10 @@ from tests.server.live import LiveServer
 
 @pytest.fixture(scope="module")
 def refusing_server():
-    # One seat and room for one waiting request: of four requests sent at once at least two
-    # find the queue full while the first holds the seat for 20 steps of 10 ms.
+    # One seat and room for one waiting request per class: of six requests sent at once, three
+    # per class, at least one per class finds its queue full (two when the first has not yet
+    # taken the seat) while the first holds the seat for 100 steps of 10 ms (long enough that a
+    # loaded machine's client still sends all six inside it).
     engine = make_engine(
         num_blocks=512,
         max_model_len=1024,
@@ -32,9 +34,9 @@ def refusing_server():
     live.stop()
 
 
-def burst(num: int, output_len: int) -> Workload:
+def burst(num: int, output_len: int, classes: tuple[str, ...] = ("bulk", "chat")) -> Workload:
     requests = [
-        WorkloadRequest(f"r{i}", 0.0, 8, output_len, request_class="chat" if i % 2 else "bulk")
+        WorkloadRequest(f"r{i}", 0.0, 8, output_len, request_class=classes[i % len(classes)])
         for i in range(num)
     ]
     return Workload("w", {}, 0, requests)
@@ -50,23 +52,24 @@ def test_retry_after_header_forms():
 def test_refusals_are_counted_apart_from_errors(refusing_server):
     result = run_bench(
         refusing_server.base_url,
-        burst(4, 20),
+        burst(6, 100),
         request_rate=100.0,
         slo=SLO(ttft=5.0),
     )
     report = result.refusals
     assert report is not None and not report.honoured
     overall = report.overall
-    assert overall.offered == 4 and overall.refused >= 2
-    assert overall.served + overall.refused == 4
+    assert overall.offered == 6 and overall.refused >= 2
+    assert overall.served + overall.refused == 6
     assert overall.refusals == overall.refused and overall.retried == 0
     assert overall.retry_after_mean == 1.0  # the queue bound's Retry-After
-    assert sum(c.offered for n, c in report.classes.items() if n != "all") == 4
+    assert sum(c.offered for n, c in report.classes.items() if n != "all") == 6
+    assert all(c.refused >= 1 for n, c in report.classes.items() if n != "all")
     # Not errors, not records of the summary; goodput over offered counts them as not good.
     assert result.errors == {} and result.summary.overall.num_failed == 0
     assert len(result.records) == overall.served
     assert overall.within_slo == overall.served
-    assert overall.slo_attainment == pytest.approx(overall.served / 4)
+    assert overall.slo_attainment == pytest.approx(overall.served / 6)
     saved = json.loads(json.dumps(result.to_dict(with_records=False)))  # what bench.json holds
     assert saved["refusals"]["classes"]["all"]["refused"] == overall.refused
     assert len(saved["refused"]) == overall.refused
@@ -75,7 +78,11 @@ def test_refusals_are_counted_apart_from_errors(refusing_server):
 
 
 def test_retry_after_is_honoured_when_asked(refusing_server):
-    result = run_bench(refusing_server.base_url, burst(3, 5), request_rate=100.0, retry_refused=5)
+    # One class: of three sent at once the third finds the queue full whether or not the first
+    # has taken the seat yet.
+    result = run_bench(
+        refusing_server.base_url, burst(3, 5, ("chat",)), request_rate=100.0, retry_refused=5
+    )
     report = result.refusals
     assert report is not None and report.honoured
     overall = report.overall
