@@ -300,6 +300,20 @@ class SessionManager:
                 self.stats.num_released_pressure += 1
             self.stats.blocks_released_pressure += self.kv.num_free_blocks - before
             freed = True
+        if must and self.kv.num_free_blocks < num_blocks:
+            # Mechanism, not policy: when the alternative is that nothing runs (or a running
+            # request is preempted), parked KV gives way whatever the retention policy says,
+            # oldest first, so a policy that keeps everything cannot stall the engine.
+            for view in sorted(views, key=lambda v: (v.parked_at, v.session_id)):
+                if self.kv.num_free_blocks >= num_blocks:
+                    break
+                if view.session_id not in self.parked:
+                    continue
+                before = self.kv.num_free_blocks
+                self._release(view.session_id)
+                self.stats.num_released_pressure += 1
+                self.stats.blocks_released_pressure += self.kv.num_free_blocks - before
+                freed = True
         if not freed:
             self._futile, self._futile_until = state, now + RECLAIM_RETRY_SECONDS
         return freed

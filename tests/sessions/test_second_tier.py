@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from heddle.clock import VirtualClock
@@ -240,6 +240,14 @@ def test_under_pressure_cost_offloads_instead_of_dropping_and_the_turn_restores(
     ),
     always=st.booleans(),
     tier_slots=st.integers(1, 12),
+)
+# Found by hypothesis: a turn whose context no longer starts like its parked KV (the window
+# slid) waited forever behind its own session's blocks under a policy that never reclaims.
+@example(ops=[("turn", 0, 28), ("turn", 0, 21)], always=True, tier_slots=7)
+@example(
+    ops=[("turn", 0, 1), ("turn", 0, 1), ("turn", 0, 16), ("turn", 0, 28), ("turn", 0, 1)],
+    always=True,
+    tier_slots=12,
 )
 def test_random_turns_with_a_tier_keep_the_books_and_the_contents(ops, always, tier_slots):
     scheduler = _scheduler(16, tier_slots, AlwaysOffload() if always else None)
