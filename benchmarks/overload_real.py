@@ -261,19 +261,27 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "short_ttft_by_window"}),
               file=sys.stderr, flush=True)  # fmt: skip
+        save(args.output, rows, capacity, args.load, started)
+    print(table(save(args.output, rows, capacity, args.load, started)))
+    return 0
+
+
+def save(
+    path: str, rows: list[dict[str, Any]], capacity: float, load: float, started: float
+) -> dict[str, Any]:
+    """Written after every arm, so a run cut short keeps what it measured."""
     machine = f"{cpu_model()}; {os.cpu_count()} cores; Python {platform.python_version()}"
     out = {
         "command": " ".join(sys.argv),
         "machine": machine,
         "capacity": capacity,
-        "load": args.load,
+        "load": load,
         "rows": rows,
         "wall_seconds": time.perf_counter() - started,
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(out, indent=1))
-    print(table(out))
-    return 0
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+    return out
 
 
 def table(out: dict[str, Any]) -> str:
