@@ -24,6 +24,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,9 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores ({flags})"
 
 
-def start_server(config: str, args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
+def start_server(
+    config: str, args: argparse.Namespace, port: int, log: Any
+) -> subprocess.Popen[bytes]:
     policy, retention = config.split(":")
     offload = 0
     if retention.endswith("+tier"):
@@ -65,22 +68,23 @@ def start_server(config: str, args: argparse.Namespace, port: int) -> subprocess
         "--max-num-seqs", str(args.max_num_seqs), "--offload-blocks", str(offload),
         "--log-level", "warning",
     ]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_healthy(server: subprocess.Popen[bytes], url: str, timeout: float) -> None:
+def wait_healthy(server: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            err = server.stderr.read().decode() if server.stderr else ""
-            raise SystemExit(f"the server exited ({server.returncode}): {err[-2000:]}")
+            raise SystemExit(
+                f"the server exited ({server.returncode}): {log.read_text()[-2000:]}"
+            )
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    raise SystemExit("the server did not become healthy in time")
+    raise SystemExit(f"the server did not become healthy in time: {log.read_text()[-2000:]}")
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
@@ -95,9 +99,11 @@ def stop(server: subprocess.Popen[bytes]) -> None:
 def run_config(config: str, args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = start_server(config, args, port)
+    log_path = Path(tempfile.gettempdir()) / f"agents-serve-{port}.log"
+    with log_path.open("wb") as log:
+        server = start_server(config, args, port, log)
     try:
-        wait_healthy(server, url, args.start_timeout)
+        wait_healthy(server, url, args.start_timeout, log_path)
         start = time.perf_counter()
         result = run_bench(
             url,
@@ -118,9 +124,14 @@ def run_config(config: str, args: argparse.Namespace, options: dict[str, Any]) -
         "config": config,
         "programs": programs.to_dict(),
         "errors": len(result.errors),
+        "error_samples": sorted(set(result.errors.values()))[:3],
         "wall_seconds": wall,
         "kv_blocks_used_at_end": health.get("kv_blocks_used"),
     }
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def main() -> None:
@@ -147,27 +158,34 @@ def main() -> None:
             options[key] = value
     print(f"# {' '.join(sys.argv)}\n# machine: {machine()}", flush=True)
     rows = []
+    out = Path(args.output_dir) if args.output_dir else None
     for config in args.configs.split(","):
         row = run_config(config, args, options)
         rows.append(row)
+        if out is not None:  # after each configuration: a run cut short keeps what it has
+            out.mkdir(parents=True, exist_ok=True)
+            data = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
+            (out / f"agents-serve-{args.workload}.json").write_text(json.dumps(data, indent=1))
         p = row["programs"]
         c, t = p["completion_time"], p["turn_ttft"]
         print(f"{config}: programs {p['num_completed']}/{p['num_programs']} (failed "
-              f"{p['num_failed']}, errors {row['errors']}); completion mean {c['mean']:.2f} s, "
-              f"p50 {c['p50']:.2f}, p95 {c['p95']:.2f}; turn TTFT mean {t['mean']:.3f} s, p95 "
-              f"{t['p95']:.3f}; {p['program_throughput']:.3f} programs/s; cached "
-              f"{p['cache_hit_rate']}; {row['wall_seconds']:.0f} s; KV blocks used after: "
-              f"{row['kv_blocks_used_at_end']} (parked until the pin/TTL)", flush=True)
+              f"{p['num_failed']}, errors {row['errors']}); completion mean {_f(c['mean'])} s, "
+              f"p50 {_f(c['p50'])}, p95 {_f(c['p95'])}; turn TTFT mean {_f(t['mean'], 3)} s, "
+              f"p95 {_f(t['p95'], 3)}; {p['program_throughput']:.3f} programs/s; cached "
+              f"{_f(p['cache_hit_rate'], 3)}; {row['wall_seconds']:.0f} s; KV blocks used "
+              f"after: {row['kv_blocks_used_at_end']} (parked until their pin or TTL)",
+              flush=True)
     base = rows[0]["programs"]["completion_time"]
     for row in rows[1:]:
         c = row["programs"]["completion_time"]
+        if not (base["mean"] and c["mean"] and base["p95"] and c["p95"]):
+            continue
         print(f"{rows[0]['config']} / {row['config']}: mean {base['mean'] / c['mean']:.2f}x, "
               f"p95 {base['p95'] / c['p95']:.2f}x")
-    if args.output_dir:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        data = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
-        (out / f"agents-serve-{args.workload}.json").write_text(json.dumps(data, indent=1))
+    for row in rows:
+        if row["errors"] or row["programs"]["num_failed"]:
+            print(f"warning: {row['config']}: {row['errors']} errors, "
+                  f"{row['programs']['num_failed']} failed programs")
 
 
 if __name__ == "__main__":

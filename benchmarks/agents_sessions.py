@@ -12,6 +12,10 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
     python benchmarks/agents_sessions.py sim --workloads agent-swe --loads 0.3 \
         --workload-option tool_time_factor=10            # tools 10x slower than announced
     python benchmarks/agents_sessions.py real --workloads agent-bfcl --loads 0.5 --num-programs 8
+    python benchmarks/agents_sessions.py sim --workloads agent-swe --loads 0.3 --num-programs 180 \
+        --seeds 1 --configs fcfs:lru,fcfs:ttl,fcfs:cost+tier --offload-blocks 32000 \
+        --output-dir results/agents-steady --tag _0.3-n180-s1   # cost + the second tier
+    python benchmarks/agents_sessions.py summarize results/agents-steady/agents-sim_*.json
 
 Per point: program completion time (mean, p50, p95), per-call TTFT (mean, p95), program
 throughput, tokens computed and recomputed (computed beyond what the programs' new tokens need:
@@ -410,7 +414,39 @@ def table(points: list[Point]) -> str:
     return head + "\n".join(rows)
 
 
+def summarize(paths: list[str]) -> str:
+    """Points of several runs (JSON files) merged: per workload, load, run length and config,
+    the mean over seeds with its 95% interval (t), for the whole run and the steady window."""
+    from heddle.metrics.steady import interval
+
+    groups: dict[tuple[str, float, int, str], list[dict[str, Any]]] = {}
+    for path in paths:
+        for point in json.loads(Path(path).read_text())["points"]:
+            config = f"{point['policy']}+{point['retention']}"
+            key = (point["workload"], point["load"], point["num_programs"], config)
+            groups.setdefault(key, []).append(point)
+    lines = [
+        "| workload | load | programs | config | seeds | PCT mean | PCT p95 | steady PCT mean "
+        "| steady p95 | recomputed | preempt |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (workload, load, n, config), points in sorted(groups.items()):
+        def iv(name: str, fmt: str = ".1f", points: list[dict[str, Any]] = points) -> str:
+            return interval(p[name] for p in points).text(fmt)
+
+        recomputed = interval(p["tokens_recomputed"] / 1e3 for p in points).text(".0f")
+        lines.append(
+            f"| {workload} | {load:g} | {n} | {config} | {len(points)} | {iv('pct_mean')} "
+            f"| {iv('pct_p95')} | {iv('steady_mean')} | {iv('steady_p95')} | {recomputed}k "
+            f"| {iv('preemptions', '.0f')} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "summarize":
+        print(summarize(sys.argv[2:]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("sim", "real"))
     parser.add_argument("--workloads", default="agent-swe,agent-bfcl,agent-fanout")
