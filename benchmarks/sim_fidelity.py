@@ -44,7 +44,7 @@ from heddle.engine.engine import Engine
 from heddle.engine.replay import replay
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
-from heddle.model.profiling import profile_executor, profile_model
+from heddle.model.profiling import dispatch_rows, profile_executor, profile_model
 from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
@@ -488,7 +488,8 @@ def main() -> None:
     Path(args.output).write_text(json.dumps(results, indent=1))
     steps_path = Path(args.output).with_suffix(".steps.json")
     save_steps(steps_path, all_steps, {"dtype": str(executor.dtype),
-                                       "model": executor.model_name, "machine": machine},
+                                       "model": executor.model_name, "machine": machine,
+                                       "dispatch_rows": list(dispatch_rows(executor))},
                gaps=all_gaps)  # fmt: skip
     print(f"wrote {args.output} and {steps_path} ({len(all_steps)} real steps)")
 

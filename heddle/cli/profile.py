@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--grammar-repeats", type=int, default=64,
                    help="timed steps of that measurement (median)")
+    p.add_argument(
+        "--dispatch-rows", default=None, metavar="K,K,...",
+        help="with --from-run: the row counts where the executor switched kernels (default: "
+        "the log's metadata)",
+    )
     p.add_argument("--from-run", default=None, metavar="RUN.json",
                    help="fit to the steps of a recorded real run instead of timing shapes")
     p.add_argument("--record-run", default=None, metavar="RUN.json",
@@ -174,9 +179,17 @@ def _fit_from_run(args: argparse.Namespace) -> int:
                     if g is not None and g <= BACK_TO_BACK_S]  # fmt: skip
     warm = args.idle_gaps is not None and len(back_to_back) >= 4 * len(FEATURES)
     extra = {k: v for k, v in metadata.items() if k not in {"model", "dtype", "machine"}}
+    switches = metadata.get("dispatch_rows") or ()
+    if args.dispatch_rows:
+        try:
+            switches = [int(k) for k in args.dispatch_rows.split(",")]
+        except ValueError:
+            raise HeddleError(f"--dispatch-rows: comma-separated row counts, got "
+                              f"{args.dispatch_rows!r}") from None  # fmt: skip
     fitted = fit_profile(
         back_to_back if warm else steps,
         held_out=args.held_out,
+        dispatch_rows=switches,
         model=metadata.get("model"),
         dtype=metadata.get("dtype"),
         machine=metadata.get("machine"),
@@ -195,6 +208,7 @@ def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:
     from heddle.clock import WallClock
     from heddle.engine.engine import Engine
     from heddle.engine.replay import replay
+    from heddle.model.profiling import dispatch_rows
     from heddle.model.step_log import StepRecorder, save_steps
     from heddle.workloads import get_workload
 
@@ -229,6 +243,7 @@ def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:
             "num_requests": len(result.records),
             "num_blocks": executor.num_blocks,
             "block_size": executor.block_size,
+            "dispatch_rows": list(dispatch_rows(executor)),
         },
     )
     print(

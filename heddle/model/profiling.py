@@ -235,6 +235,22 @@ def profile_executor(
     return results
 
 
+def dispatch_rows(executor: Any) -> tuple[int, ...]:
+    """The row counts past which the executor's linears leave their weight-only kernels for
+    the float path (quantization auto tunes them at load), over the layers a step's every
+    token goes through (not the LM head, which sees the sampled rows); () when none switch."""
+    linears = getattr(getattr(getattr(executor, "model", None), "linears", None), "built", ())
+    rows = {
+        int(layer.max_rows)
+        for layer in linears
+        if getattr(layer, "kind", "") != "lm_head"
+        and getattr(layer, "small", None) is not None
+        and getattr(layer, "large", None) is not None
+        and 0 < layer.max_rows < 1 << 40
+    }
+    return tuple(sorted(rows))
+
+
 def profile_model(
     executor: Any,
     *,
@@ -289,14 +305,16 @@ def profile_model(
             vocab_size=executor.model_shape.vocab_size,
         )
         idle_warmup, extra["idle"] = fit_idle(idle, idle_gaps)
+    switches = dispatch_rows(executor)
     fitted = fit_profile(
         samples,
+        dispatch_rows=switches,
         model=executor.model_name,
         dtype=str(executor.dtype),
         machine=machine,
         extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size,
                "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup, **limits,
-               **extra},
+               "dispatch_rows": list(switches), **extra},
         held_out=held_out,
         seed=seed,
     )

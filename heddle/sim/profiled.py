@@ -66,15 +66,42 @@ __all__ = [
     "FitReport",
     "ProfileMetadata",
     "ProfiledCostModel",
+    "dispatch_names",
+    "feature_names",
     "features",
     "fit_profile",
     "nnls",
 ]
 
 
-def features(shape: StepShape) -> tuple[float, ...]:
-    """The regressors of one step, in `FEATURES` order."""
+def dispatch_names(dispatch_rows: Sequence[int]) -> tuple[str, ...]:
+    """The terms of the executor's kernel switches: at each of `dispatch_rows` (a step of more
+    rows leaves the weight-only int4/int8 kernels for the float path; quantization auto),
+    `tokens_upto_k` = min(tokens, k) (the quantized kernels' steeper cost per row, flat after
+    the switch) and `tokens_above_k` = 1 past it (the float path's higher fixed cost). Both
+    non-negative, so the time bends down at the switch without ever falling."""
+    return tuple(f"tokens_{kind}_{k}" for k in dispatch_rows for kind in ("upto", "above"))
+
+
+def feature_names(dispatch_rows: Sequence[int] = ()) -> tuple[str, ...]:
+    return (*FEATURES, *dispatch_names(dispatch_rows))
+
+
+def _dispatch_rows_of(names: Sequence[str]) -> tuple[int, ...]:
+    rows = set()
+    for name in names:
+        if name.startswith(("tokens_upto_", "tokens_above_")):
+            k = name.rsplit("_", 1)[1]
+            if not k.isdigit() or int(k) < 1:
+                raise HeddleError(f"bad kernel-switch term {name!r}")
+            rows.add(int(k))
+    return tuple(sorted(rows))
+
+
+def features(shape: StepShape, dispatch_rows: Sequence[int] = ()) -> tuple[float, ...]:
+    """The regressors of one step, in `feature_names(dispatch_rows)` order."""
     tokens = shape.num_tokens
+    switches = [v for k in dispatch_rows for v in (float(min(tokens, k)), float(tokens > k))]
     return (
         1.0,
         float(shape.num_prefill_tokens),
@@ -84,6 +111,7 @@ def features(shape: StepShape) -> tuple[float, ...]:
         float(shape.num_sampled_rows),
         float(len(shape.prefill_chunks)),
         *(float(max(0, tokens - k)) for k in TOKEN_KNOTS),
+        *switches,
     )
 
 
@@ -175,17 +203,20 @@ class ProfiledCostModel(CostModel):
         metadata: ProfileMetadata | None = None,
         warmup: IdleWarmup | None = None,
     ):
-        known = (*FEATURES, CONSTRAINED_ROWS)
+        self.dispatch_rows = _dispatch_rows_of(list(coefficients))
+        names = feature_names(self.dispatch_rows)
+        known = (*names, CONSTRAINED_ROWS)
         unknown = sorted(set(coefficients) - set(known))
         if unknown:
-            raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(known)}")
+            raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(FEATURES)}, "
+                              f"{CONSTRAINED_ROWS} and tokens_upto_K / tokens_above_K")  # fmt: skip
         if any(v < 0 for v in coefficients.values()):
             raise HeddleError(f"profile coefficients must be non-negative: {coefficients}")
         self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in known}
         self.constrained_row_seconds = self.coefficients[CONSTRAINED_ROWS]
         self.metadata = metadata or ProfileMetadata()
         self.warmup = warmup
-        self._weights = tuple(self.coefficients[name] for name in FEATURES)
+        self._weights = tuple(self.coefficients[name] for name in names)
         self._coverage = self.metadata.coverage
         self.num_steps = 0  # steps predicted
         self.num_outside = 0  # of them, outside the profile's coverage
@@ -201,7 +232,8 @@ class ProfiledCostModel(CostModel):
                 self.num_outside += 1
                 if self.first_outside is None:
                     self.first_outside = miss
-        time = sum(w * x for w, x in zip(self._weights, features(shape), strict=True))
+        x = features(shape, self.dispatch_rows)
+        time = sum(w * v for w, v in zip(self._weights, x, strict=True))
         if shape.num_constrained:
             time += self.constrained_row_seconds * shape.num_constrained
         return time
@@ -280,10 +312,12 @@ class ProfiledCostModel(CostModel):
                    IdleWarmup.from_json(warmup) if warmup else None)  # fmt: skip
 
 
-def _solve(samples: Sequence[tuple[StepShape, float]]) -> np.ndarray:
+def _solve(
+    samples: Sequence[tuple[StepShape, float]], dispatch_rows: Sequence[int] = ()
+) -> np.ndarray:
     """Coefficients minimising the relative error over `samples` (non-negative)."""
     times = np.array([t for _, t in samples], dtype=float)
-    x = np.array([features(s) for s, _ in samples], dtype=float)  # [samples, features]
+    x = np.array([features(s, dispatch_rows) for s, _ in samples], dtype=float)  # [samples, f]
     weighted = x / times[:, None]
     # Columns scaled to unit norm so that token counts and attention pairs (orders of
     # magnitude apart) are conditioned alike; a feature never seen fits to zero.
@@ -302,6 +336,7 @@ def fit_profile(
     extra: dict[str, Any] | None = None,
     held_out: float = 0.0,
     seed: int = 0,
+    dispatch_rows: Sequence[int] = (),
 ) -> ProfiledCostModel:
     """Fit the coefficients to (shape, measured seconds) samples.
 
@@ -309,11 +344,14 @@ def fit_profile(
     decode steps count as much as large prefills. With `held_out` (a share, e.g. 0.25), that
     random share of the samples is first left out of a fit and predicted by it: the report's
     held-out errors, overall and per kind of step, are what to expect on shapes the profile
-    never measured. The saved coefficients are then fit to every sample.
+    never measured. The saved coefficients are then fit to every sample. `dispatch_rows`:
+    the row counts where the executor switches kernels (`dispatch_names`).
     """
+    dispatch_rows = tuple(sorted({int(k) for k in dispatch_rows if k >= 1}))
+    names = feature_names(dispatch_rows)
     samples = [(s, t) for s, t in samples if not s.is_empty]
-    if len(samples) < len(FEATURES):
-        raise HeddleError(f"need at least {len(FEATURES)} non-empty samples, got {len(samples)}")
+    if len(samples) < len(names):
+        raise HeddleError(f"need at least {len(names)} non-empty samples, got {len(samples)}")
     if any(t <= 0 for _, t in samples):
         raise HeddleError("measured step times must be positive")
     if not 0.0 <= held_out < 1.0:
@@ -321,12 +359,13 @@ def fit_profile(
     held: dict[str, list[float]] = {}
     held_median = held_p90 = None
     num_held = int(held_out * len(samples))
-    if num_held and len(samples) - num_held >= len(FEATURES):
+    if num_held and len(samples) - num_held >= len(names):
         order = list(range(len(samples)))
         random.Random(seed).shuffle(order)
         test = [samples[i] for i in order[:num_held]]
         train = [samples[i] for i in order[num_held:]]
-        partial = ProfiledCostModel(dict(zip(FEATURES, _solve(train).tolist(), strict=True)))
+        solved = _solve(train, dispatch_rows).tolist()
+        partial = ProfiledCostModel(dict(zip(names, solved, strict=True)))
         report = step_errors(partial, test)
         held = {
             b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
@@ -335,9 +374,10 @@ def fit_profile(
         held_median, held_p90 = report.overall.median_abs, report.overall.p90_abs
     else:
         num_held = 0
-    coefficients = _solve(samples)
+    coefficients = _solve(samples, dispatch_rows)
     times = np.array([t for _, t in samples], dtype=float)
-    predicted = np.array([features(s) for s, _ in samples], dtype=float) @ coefficients
+    x = np.array([features(s, dispatch_rows) for s, _ in samples], dtype=float)
+    predicted = x @ coefficients
     relative = np.abs(predicted - times) / times
     fit = FitReport(
         num_samples=len(times),
@@ -352,4 +392,4 @@ def fit_profile(
     metadata = ProfileMetadata(
         model, dtype, machine, fit, dict(extra or {}), Coverage.of([s for s, _ in samples])
     )
-    return ProfiledCostModel(dict(zip(FEATURES, coefficients.tolist(), strict=True)), metadata)
+    return ProfiledCostModel(dict(zip(names, coefficients.tolist(), strict=True)), metadata)

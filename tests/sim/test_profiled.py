@@ -176,3 +176,24 @@ def test_held_out_check_and_coverage_survive_save_and_load(tmp_path):
     assert loaded.metadata == fitted.metadata
     assert loaded.metadata.fit is not None
     assert any(line.startswith("held out") for line in loaded.metadata.fit.lines())
+
+
+def test_kernel_switch_terms_fit_a_step_time_that_bends_down_at_the_switch(tmp_path):
+    # Weight-only kernels cost 1 ms per row up to 8 rows; past 8 the float path is flat (+2 ms).
+    truth = ProfiledCostModel(TRUE | {"tokens_upto_8": 1e-3, "tokens_above_8": 2e-3})
+    assert truth.dispatch_rows == (8,)
+    decode = [StepShape((), (100,) * b) for b in range(1, 17)]
+    samples = [(s, truth.step_time(s)) for s in decode + profile_shapes(64, 16, 512, num_shapes=60)]
+    fitted = fit_profile(samples, dispatch_rows=[8, 8])
+    assert fitted.dispatch_rows == (8,)
+    assert fitted.metadata.fit is not None and fitted.metadata.fit.max_abs_relative_error < 1e-3
+    shape_only = fit_profile(samples)
+    assert shape_only.metadata.fit is not None
+    assert shape_only.metadata.fit.max_abs_relative_error > 0.05  # a convex fit cannot bend down
+    path = tmp_path / "p.json"
+    fitted.save(path)
+    assert ProfiledCostModel.load(path).step_time(decode[9]) == pytest.approx(
+        truth.step_time(decode[9])
+    )
+    with pytest.raises(HeddleError, match="bad kernel-switch term"):
+        ProfiledCostModel({"tokens_upto_x": 1.0})
