@@ -284,8 +284,41 @@ def table(results_path: str) -> None:
               f"TTFT parts {case['ttft_parts_ms']}; between steps {case['between_steps_ms']}")
         for key, (count, ratio) in case["by_gap"].items():
             print(f"    {key:36s} {int(count):5d} {ratio:.3f}")
-    print("step error (shape-only):", saved["step_error_all"])
+    print("step error (shape-only):", saved.get("step_error_all"))
+    halves(saved, Path(results_path).with_suffix(".steps.json"))
     print("step error with warm-up:", saved.get("step_error_all_with_warmup"))
+
+
+def halves(saved: dict[str, Any], steps_path: Path) -> None:
+    """Does the idle verdict move with the run's length? Steps with prefill, measured / the
+    profile's back-to-back prediction, back to back vs after >= 100 ms idle, in the first and
+    the second half of each real run (the step log holds the runs in order)."""
+    from heddle.model.step_log import load_step_gaps, load_steps
+    from heddle.sim.profiled import ProfiledCostModel
+
+    if not steps_path.exists():
+        return
+    cost = ProfiledCostModel(saved["profile"])
+    steps, gaps = load_steps(steps_path)[0], load_step_gaps(steps_path)
+    counts = [(c["workload"], c["rate"], len(c.get("run_steps", []))) for c in saved["cases"]]
+    start = 0
+    for workload, rate, _ in counts:
+        case = next(c for c in saved["cases"] if (c["workload"], c["rate"]) == (workload, rate))
+        ratios: dict[str, list[float]] = {}
+        for n in case.get("run_steps", []):
+            for half, lo, hi in (("first", start, start + n // 2), ("second", start + n // 2,
+                                                                      start + n)):  # fmt: skip
+                for (shape, seconds), gap in zip(steps[lo:hi], gaps[lo:hi], strict=True):
+                    if not shape.prefill_chunks or gap is None or 5e-4 <= gap < 0.1:
+                        continue
+                    kind = "back to back" if gap < 5e-4 else "after >= 100 ms"
+                    ratios.setdefault(f"{half} half, {kind}", []).append(
+                        seconds / cost.step_time(shape))
+            start += n
+        if ratios:
+            print(f"{workload} @ {rate}, steps with prefill, measured / back-to-back profile: "
+                  + "; ".join(f"{k} {statistics.median(v):.3f} ({len(v)})"
+                              for k, v in sorted(ratios.items())))  # fmt: skip
 
 
 def _summary_value(summary: Any, metric: str) -> float:
@@ -441,6 +474,7 @@ def main() -> None:
                         for b in [per_step.overall, *per_step.buckets]
                     },
                     "by_gap": gap_ratios,
+                    "run_steps": [len(r["steps"]) for r in runs],
                     "between_steps_ms": 1e3 * statistics.median(between) if between else None,
                     "ttft_parts_ms": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
                 }
