@@ -58,3 +58,19 @@ def test_profile_idle_pairs_each_sleep_with_a_back_to_back_run_and_finds_the_war
 def test_profile_idle_rejects_bad_settings():
     with pytest.raises(HeddleError, match="positive gaps"):
         profile_idle(lambda so: ExecutorOutput([], 0.0), [StepShape((), (4,))], 16, (0.0,))
+
+
+def test_dispatch_rows_are_the_switches_of_the_layers_every_token_goes_through():
+    from types import SimpleNamespace
+
+    from heddle.model.profiling import dispatch_rows
+
+    def layer(kind: str, max_rows: int, small: bool = True, large: bool = True) -> object:
+        return SimpleNamespace(kind=kind, max_rows=max_rows, small=object() if small else None,
+                               large=object() if large else None)  # fmt: skip
+
+    built = [layer("qkv", 8), layer("o", 8), layer("down", 4), layer("gate_up", 0),
+             layer("lm_head", 2), layer("qkv", 1 << 62), layer("o", 16, large=False)]  # fmt: skip
+    executor = SimpleNamespace(model=SimpleNamespace(linears=SimpleNamespace(built=built)))
+    assert dispatch_rows(executor) == (4, 8)
+    assert dispatch_rows(SimpleNamespace()) == ()  # an executor without a linear plan
