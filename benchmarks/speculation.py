@@ -16,16 +16,29 @@ given (code editing / summarization-like: the output copies spans of the prompt,
 lookup finds its matches); `chat`: short open questions (little to copy). Greedy decoding, so
 the outputs with and without speculation must be identical: the script checks it.
 
-Writes results/speculation_<mode>.json and prints a markdown table.
+The real runs also fit the simulator to themselves (deliverable 2 of issue 15): every step's
+shape and duration is logged (`StepRecorder`) and a profiled cost model fitted to them
+(`fit_profile`); the acceptance is measured per request in the fixed-K runs (a draft accepted
+given the ones before it were: accepted / (accepted + rejections), its mean and the spread of
+the per-request rates) with the share of decode steps prompt lookup had a proposal for. The
+simulator then runs the same closed loop (the same prompts, each request's output length from
+the run without speculation) with `method=sim` at those rates, and both crossovers are
+reported: the streams at which fixed K stops paying (fixed / off falls below 1), interpolated
+in log2(streams) between the measured points.
+
+Writes results/speculation_<mode>.json and prints markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import platform
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,32 +48,47 @@ from heddle.engine.engine import Engine
 from heddle.request import SamplingParams
 
 
-def speculation_configs(method: str, k: int) -> dict[str, SpeculativeConfig]:
+def speculation_configs(method: str, k: int, **sim: float) -> dict[str, SpeculativeConfig]:
     return {
         "off": SpeculativeConfig(method="off"),
-        f"fixed-k{k}": SpeculativeConfig(method=method, num_draft_tokens=k, adaptive=False),
-        "adaptive": SpeculativeConfig(method=method, num_draft_tokens=k, adaptive=True),
+        f"fixed-k{k}": SpeculativeConfig(method=method, num_draft_tokens=k, adaptive=False, **sim),
+        "adaptive": SpeculativeConfig(method=method, num_draft_tokens=k, adaptive=True, **sim),
     }
 
 
 def closed_loop(
     engine: Engine,
     prompts: list[list[int]],
-    params: SamplingParams,
+    params: SamplingParams | Sequence[SamplingParams],
     streams: int,
     seconds: Any,
     prefix: str = "r",
 ) -> dict[str, Any]:
     """Keep `streams` requests in flight until every prompt has finished. `seconds()` is the
-    engine's clock (wall or virtual)."""
+    engine's clock (wall or virtual); `params`: one for all, or one per prompt. Per request,
+    the drafts verified and accepted are tallied (`per_request`: [accepted, trials], a trial
+    being an accepted draft or the first rejected one of a step)."""
     outputs: dict[str, list[int]] = {}
     next_index = 0
     in_flight = 0
+    spec = engine.scheduler.speculator
+    tallies: dict[str, list[int]] = {}
+    if spec is not None:
+        observe = spec.observe
+
+        def tally(request_id: str, num_drafts: int, num_accepted: int) -> None:
+            t = tallies.setdefault(request_id, [0, 0])
+            t[0] += num_accepted
+            t[1] += num_accepted + (num_accepted < num_drafts)
+            observe(request_id, num_drafts, num_accepted)
+
+        spec.observe = tally  # type: ignore[method-assign]
     start = seconds()
     steps = 0
     while next_index < len(prompts) or in_flight:
         while in_flight < streams and next_index < len(prompts):
-            engine.add_request(f"{prefix}{next_index}", prompts[next_index], params)
+            p = params if isinstance(params, SamplingParams) else params[next_index]
+            engine.add_request(f"{prefix}{next_index}", prompts[next_index], p)
             next_index += 1
             in_flight += 1
         for out in engine.step():
@@ -70,7 +98,6 @@ def closed_loop(
         steps += 1
     elapsed = seconds() - start
     tokens = sum(len(t) for t in outputs.values())
-    spec = engine.scheduler.speculator
     drafted = spec.acceptance.num_drafted if spec is not None else 0
     accepted = spec.acceptance.num_accepted if spec is not None else 0
     return {
@@ -82,6 +109,9 @@ def closed_loop(
         "accepted": accepted,
         "acceptance": accepted / drafted if drafted else None,
         "drafts_per_step": drafted / steps,
+        "offers": spec.num_offers if spec is not None else 0,
+        "proposals": spec.num_proposals if spec is not None else 0,
+        "per_request": list(tallies.values()),
         "outputs": outputs,
     }
 
@@ -90,9 +120,7 @@ def closed_loop(
 
 
 def run_sim(args: argparse.Namespace) -> dict[str, Any]:
-    from heddle.sim import RooflineCostModel, SimulatedExecutor, kv_cache_blocks, load_model_spec
-    from heddle.sim.simulator import SIM_EOS_TOKEN_ID
-    from heddle.spec.sim import SimAcceptance
+    from heddle.sim import RooflineCostModel, kv_cache_blocks, load_model_spec
 
     model = load_model_spec(args.model)
     cost = RooflineCostModel(model, args.hardware, tp=model.default_tp)
@@ -105,24 +133,43 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
         prompt_len, output_len = args.prompt_len, args.output_len
         num = max(args.requests, 4 * streams)
         prompts = [[1 + (i * 7919 + j) % 30000 for j in range(prompt_len)] for i in range(num)]
-        for name, spec in speculation_configs("sim", args.k).items():
-            clock = VirtualClock()
-            config = EngineConfig(
-                cache=CacheConfig(block_size=block, num_blocks=num_blocks),
-                scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=seats,
-                                          speculation=spec),
-            )
-            executor = SimulatedExecutor(cost, clock, model.vocab_size,
-                                         acceptance=SimAcceptance(args.acceptance, args.spread))
-            engine = Engine(config, executor, num_blocks=num_blocks, clock=clock,
-                            eos_token_id=SIM_EOS_TOKEN_ID, vocab_size=model.vocab_size,
-                            record_steps=False, final_outputs_only=True)
-            params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-            result = closed_loop(engine, prompts, params, streams, clock.now)
-            result.pop("outputs")
-            rows.append({"streams": streams, "mode": name, **result})
+        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+        rows += sim_rows(cost, model.vocab_size, num_blocks, budget, block, streams, prompts,
+                         params, args.k, args.acceptance, args.spread, 1.0)
     return {"mode": "sim", "model": args.model, "hardware": args.hardware, "budget": budget,
             "acceptance": args.acceptance, "spread": args.spread, "k": args.k, "rows": rows}
+
+
+def sim_rows(cost: Any, vocab_size: int, num_blocks: int, budget: int, block: int,
+             streams: int, prompts: list[list[int]],
+             params: SamplingParams | Sequence[SamplingParams], k: int, acceptance: float,
+             spread: float, proposal_rate: float) -> list[dict[str, Any]]:
+    """The three modes in the simulator at `streams`, drafts accepted at `acceptance` +-
+    `spread` per request and offered in `proposal_rate` of the decode steps."""
+    from heddle.sim import SimulatedExecutor
+    from heddle.sim.simulator import SIM_EOS_TOKEN_ID
+    from heddle.spec.sim import SimAcceptance
+
+    rows = []
+    configs = speculation_configs("sim", k, acceptance=acceptance, acceptance_spread=spread,
+                                  proposal_rate=proposal_rate)
+    for name, spec in configs.items():
+        clock = VirtualClock()
+        config = EngineConfig(
+            cache=CacheConfig(block_size=block, num_blocks=num_blocks),
+            scheduler=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max(streams, 1),
+                                      speculation=spec),
+        )
+        executor = SimulatedExecutor(cost, clock, vocab_size,
+                                     acceptance=SimAcceptance(acceptance, spread))
+        engine = Engine(config, executor, num_blocks=num_blocks, clock=clock,
+                        eos_token_id=SIM_EOS_TOKEN_ID, vocab_size=vocab_size,
+                        record_steps=False, final_outputs_only=True)
+        result = closed_loop(engine, prompts, params, streams, clock.now)
+        result.pop("outputs")
+        result.pop("per_request")
+        rows.append({"streams": streams, "mode": name, **result})
+    return rows
 
 
 # -- the real engine ---------------------------------------------------------------------------
@@ -155,18 +202,65 @@ def real_prompts(tokenizer: Any, workload: str, num: int) -> list[list[int]]:
     return out
 
 
+def fit_acceptance(per_request: list[list[int]]) -> dict[str, float]:
+    """Mean rate a draft is accepted given the earlier ones were (pooled), and the spread of
+    a uniform distribution with the per-request rates' standard deviation (requests with at
+    least 4 trials)."""
+    accepted = sum(a for a, _ in per_request)
+    trials = sum(t for _, t in per_request)
+    rates = [a / t for a, t in per_request if t >= 4]
+    std = statistics.pstdev(rates) if len(rates) > 1 else 0.0
+    return {"acceptance": accepted / trials if trials else 0.0,
+            "spread": min(0.5, math.sqrt(3.0) * std), "requests": len(rates), "trials": trials}
+
+
+def crossover(rows: list[dict[str, Any]], mode: str) -> float | None:
+    """The streams at which `mode` / off first falls below 1, interpolated in log2(streams)
+    between the points around it; None if it never does (math.inf) or never paid (0)."""
+    points = []
+    for streams in sorted({r["streams"] for r in rows}):
+        by = {r["mode"]: r["tokens_per_second"] for r in rows if r["streams"] == streams}
+        points.append((streams, by[mode] / by["off"]))
+    if points[0][1] < 1.0:
+        return 0.0
+    for (s0, r0), (s1, r1) in itertools.pairwise(points):
+        if r1 < 1.0 <= r0:
+            x0, x1 = math.log2(s0), math.log2(s1)
+            return float(2.0 ** (x0 + (x1 - x0) * (r0 - 1.0) / (r0 - r1)))
+    return math.inf
+
+
 def run_real(args: argparse.Namespace) -> dict[str, Any]:
     from heddle.model.executor import ModelExecutor
+    from heddle.model.step_log import StepRecorder
+    from heddle.sim.profiled import fit_profile
 
     model_config = EngineConfig().model
-    cache = CacheConfig(block_size=16, num_blocks=1280)
-    executor = ModelExecutor(model_config, cache)
-    tokenizer = executor.tokenizer
+    cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
+    model_executor = ModelExecutor(model_config, cache)
+    executor = StepRecorder(model_executor)
+    tokenizer = model_executor.tokenizer
     assert tokenizer is not None
     rows: list[dict[str, Any]] = []
     mismatches = 0
+    per_request: list[list[int]] = []
+    offers = proposals = 0
+    lengths: dict[int, list[int]] = {}
+    # Untimed warm-up of every mode (kernels built, caches touched); its steps are not fitted.
+    warm = real_prompts(tokenizer, args.workload, 2)
+    for name, spec in speculation_configs("ngram", args.k).items():
+        config = EngineConfig(cache=cache, scheduler=SchedulerConfig(
+            max_num_batched_tokens=args.budget, max_num_seqs=2, speculation=spec))
+        engine = Engine(config, executor, num_blocks=cache.num_blocks, tokenizer=tokenizer,
+                        eos_token_id=model_executor.eos_token_id,
+                        max_model_len=model_executor.max_model_len,
+                        vocab_size=model_executor.model_shape.vocab_size, record_steps=False)
+        closed_loop(engine, warm, SamplingParams(temperature=0.0, max_tokens=16), 2,
+                    time.perf_counter, prefix=f"warm-{name}-")
+    executor.steps.clear()
+    started = time.perf_counter()
     for streams in args.streams:
-        num = max(args.requests, streams)
+        num = max(args.requests, args.per_stream * streams)
         prompts = real_prompts(tokenizer, args.workload, num)
         params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
         reference: dict[str, list[int]] | None = None
@@ -179,29 +273,62 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
                                               max_num_seqs=max(streams, 1), speculation=spec),
                 )
                 engine = Engine(config, executor, num_blocks=cache.num_blocks,
-                                tokenizer=tokenizer, eos_token_id=executor.eos_token_id,
-                                max_model_len=executor.max_model_len,
-                                vocab_size=executor.model_shape.vocab_size, record_steps=False)
+                                tokenizer=tokenizer, eos_token_id=model_executor.eos_token_id,
+                                max_model_len=model_executor.max_model_len,
+                                vocab_size=model_executor.model_shape.vocab_size,
+                                record_steps=False)
                 runs.append(closed_loop(engine, prompts, params, streams, time.perf_counter,
                                         prefix=f"{streams}-{name}-{repeat}-"))
             outputs = runs[0].pop("outputs")
+            if name.startswith("fixed"):
+                per_request += runs[0]["per_request"]
+                offers += runs[0]["offers"]
+                proposals += runs[0]["proposals"]
+            for r in runs:
+                r.pop("per_request")
             for r in runs[1:]:
                 r.pop("outputs")
             if reference is None:
                 reference = outputs
+                lengths[streams] = [len(outputs[str(i)]) for i in range(num)]
             elif outputs != reference:
                 mismatches += sum(outputs[k] != reference[k] for k in reference)
             best = statistics.median(r["tokens_per_second"] for r in runs)
             rows.append({"streams": streams, "mode": name, **runs[0],
                          "tokens_per_second": best,
                          "tokens_per_second_runs": [r["tokens_per_second"] for r in runs]})
-            print(f"  streams={streams} {name}: {best:.1f} tok/s", flush=True)
+            print(f"  streams={streams} {name}: {best:.1f} tok/s "
+                  f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+    fitted = fit_acceptance(per_request)
+    fitted["proposal_rate"] = proposals / offers if offers else 0.0
+    # The simulator fitted to these runs: their steps' cost, their acceptance.
+    cost = fit_profile(executor.steps, model=model_executor.model_name, held_out=0.25)
+    sim: list[dict[str, Any]] = []
+    vocab = model_executor.model_shape.vocab_size
+    for streams in args.sim_streams:
+        num = max(args.requests, args.per_stream * streams)
+        prompts = real_prompts(tokenizer, args.workload, num)
+        known = lengths.get(streams) or lengths[max(lengths)]
+        # Each request's output length as the run without speculation gave it (EOS included).
+        params = [SamplingParams(temperature=0.0, max_tokens=max(1, known[i % len(known)]),
+                                 ignore_eos=True) for i in range(num)]
+        sim += sim_rows(cost, vocab, cache.num_blocks, args.budget, cache.block_size, streams,
+                        prompts, params, args.k, fitted["acceptance"], fitted["spread"],
+                        fitted["proposal_rate"])
+    fixed = f"fixed-k{args.k}"
+    fit = cost.metadata.fit if cost.metadata is not None else None
     return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
-            "greedy_mismatches": mismatches}
+            "greedy_mismatches": mismatches, "fitted": fitted,
+            "cost_fit": None if fit is None else {
+                "steps": fit.num_samples, "median_abs_error": fit.median_abs_relative_error,
+                "held_out_median_abs": fit.held_out_median_abs},
+            "sim_rows": sim,
+            "crossover_measured": crossover(rows, fixed),
+            "crossover_simulated": crossover(sim, fixed),
+            "wall_seconds": time.perf_counter() - started}
 
 
-def table(result: dict[str, Any]) -> str:
-    rows = result["rows"]
+def table(rows: list[dict[str, Any]]) -> str:
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     lines = ["| streams | " + " | ".join(f"{m} tok/s" for m in modes)
              + " | adaptive / off | fixed / off | acceptance (adaptive) |",
@@ -220,19 +347,27 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=["sim", "real"])
-    parser.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")],
-                        default=[1, 4, 16, 64])
+    parser.add_argument("--streams", type=_ints, default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=8, help="at least this many requests")
+    parser.add_argument("--per-stream", type=int, default=1,
+                        help="real: at least this many requests per stream")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompt-len", type=int, default=256, help="sim only")
     parser.add_argument("--budget", type=int, default=None,
                         help="token budget per step (default: 8192 sim, 512 real)")
     parser.add_argument("--workload", choices=["repetitive", "chat"], default="repetitive")
     parser.add_argument("--repeats", type=int, default=1, help="real only")
+    parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
+    parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
+                        help="real: the streams of the simulator fitted to the run")
     parser.add_argument("--model", default="llama-3.1-8b", help="sim only")
     parser.add_argument("--hardware", default="h100", help="sim only")
     parser.add_argument("--acceptance", type=float, default=0.75, help="sim only")
@@ -242,9 +377,16 @@ def main() -> None:
         args.budget = 8192 if args.mode == "sim" else 512
     result = run_sim(args) if args.mode == "sim" else run_real(args)
     cpu = platform.processor() or platform.machine()
-    print(f"\n{args.mode}: {json.dumps({k: v for k, v in result.items() if k != 'rows'})}; "
-          f"host {cpu}")
-    print(table(result))
+    summary = {k: v for k, v in result.items() if k not in ("rows", "sim_rows")}
+    print(f"\n{args.mode}: {json.dumps(summary)}; host {cpu}")
+    print(table(result["rows"]))
+    if result.get("sim_rows"):
+        print("\nthe simulator fitted to this run (profiled cost model, acceptance "
+              f"{result['fitted']['acceptance']:.3f} +- {result['fitted']['spread']:.3f}, "
+              f"proposals in {100 * result['fitted']['proposal_rate']:.1f}% of decode steps):")
+        print(table(result["sim_rows"]))
+        print(f"\nfixed K stops paying at {result['crossover_measured']} streams measured, "
+              f"{result['crossover_simulated']} simulated")
     Path("results").mkdir(exist_ok=True)
     name = args.mode if args.mode == "sim" else f"real_{args.workload}"
     Path(f"results/speculation_{name}.json").write_text(json.dumps(result, indent=1))

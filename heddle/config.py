@@ -74,7 +74,8 @@ class SpeculativeConfig:
     the target's tokenizer, `model`: its GGUF file or HF directory; the scheduler grants draft
     slots, the executor's draft model fills them in the same step); sim (the simulator: every
     decode is offered drafts, the simulated executor accepts each one, given the ones before
-    it, with a per-request rate drawn uniformly in `acceptance` +- `acceptance_spread`).
+    it, with a per-request rate drawn uniformly in `acceptance` +- `acceptance_spread`, in
+    `proposal_rate` of its decode steps).
     `adaptive`: each request gets 0..num_draft_tokens drafts per step from a goodput estimate
     (heddle/spec/adaptive.py); False: always num_draft_tokens where a proposal has them.
     """
@@ -90,6 +91,9 @@ class SpeculativeConfig:
     # engine's runs (heddle/spec/sim.py: MEASURED_ACCEPTANCE).
     acceptance: float = 0.7
     acceptance_spread: float = 0.2
+    # method=sim: the share of decode steps a request has a proposal in (prompt lookup finds
+    # no match in the others; a draft model always proposes: 1).
+    proposal_rate: float = 1.0
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATION_METHODS:
@@ -104,8 +108,10 @@ class SpeculativeConfig:
             raise HeddleError("speculation method=draft needs model=PATH (the draft model)")
         if self.model is not None and self.method != "draft":
             raise HeddleError(f"a draft model is only used with method=draft, not {self.method}")
-        if not 0.0 <= self.acceptance <= 1.0 or not 0.0 <= self.acceptance_spread <= 1.0:
-            raise HeddleError("acceptance and acceptance_spread must be within 0 .. 1")
+        if not all(0.0 <= x <= 1.0 for x in (self.acceptance, self.acceptance_spread,
+                                               self.proposal_rate)):
+            raise HeddleError("acceptance, acceptance_spread and proposal_rate must be within "
+                              "0 .. 1")
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,6 +36,7 @@ from heddle.spec.adaptive import (
     choose_draft_counts,
 )
 from heddle.spec.ngram import NgramProposer
+from heddle.spec.sim import _mix64
 
 if TYPE_CHECKING:
     from heddle.config import SpeculativeConfig
@@ -54,8 +56,19 @@ class RepeatProposer:
     model (method=draft) they are the draft slots the scheduler grants: the executor's draft
     model proposes the tokens that fill them, in the same step (heddle/spec/draft.py)."""
 
+    def __init__(self, proposal_rate: float = 1.0) -> None:
+        # The simulator: a proposal in this share of a request's decode steps (prompt lookup
+        # finds nothing in the rest), drawn from (request id, tokens known): reproducible.
+        self._threshold = int(proposal_rate * (1 << 64))
+
     def propose(self, request_id: str, token_ids: Sequence[int], k: int) -> list[int]:
-        return [token_ids[-1]] * k if k > 0 and token_ids else []
+        if k <= 0 or not token_ids:
+            return []
+        if self._threshold < 1 << 64 and _mix64(
+            zlib.crc32(request_id.encode()) << 24 ^ len(token_ids)
+        ) >= self._threshold:
+            return []
+        return [token_ids[-1]] * k
 
     def forget(self, request_ids: Iterable[str]) -> None:
         pass
@@ -67,7 +80,9 @@ class Speculator:
         if proposer is None:
             if config.method == "ngram":
                 proposer = NgramProposer(config.ngram_min, config.ngram_max)
-            elif config.method in ("sim", "draft"):
+            elif config.method == "sim":
+                proposer = RepeatProposer(config.proposal_rate)
+            elif config.method == "draft":
                 proposer = RepeatProposer()
             else:
                 raise ValueError(f"no proposer for speculation method {config.method!r}")
@@ -75,6 +90,8 @@ class Speculator:
         self.acceptance = AcceptanceTracker()
         self.costs = StepCostTable()
         self.num_steps_with_drafts = 0
+        self.num_offers = 0  # decoding requests asked for a proposal
+        self.num_proposals = 0  # ... that got one
 
     def plan(
         self, candidates: Sequence[Request], base_tokens: int, token_budget: int
@@ -101,8 +118,10 @@ class Speculator:
             if room <= 0:
                 continue
             drafts = self.proposer.propose(request.request_id, request.all_token_ids, room)
+            self.num_offers += 1
             if not drafts:
                 continue
+            self.num_proposals += 1
             proposals[request.request_id] = drafts
             weight = 2.0 if request.tpot_slo is not None else 1.0
             offers.append(

@@ -123,3 +123,20 @@ def test_simulated_speculation_keeps_lengths_and_frees_every_block(adaptive):
     assert speculator is not None and speculator.acceptance.num_accepted > 0
     assert steps < sum(lengths.values()) // 8 + 40  # several tokens per request-step
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_simulated_proposals_come_at_the_proposal_rate():
+    """method=sim with proposal_rate: prompt lookup finds a match in only some decode steps;
+    the simulator's proposer offers drafts in that share of them, the same way every run."""
+    from heddle.spec.speculator import RepeatProposer, Speculator
+
+    proposer = RepeatProposer(0.3)
+    offered = [bool(proposer.propose(f"r{i}", list(range(n)), 2))
+               for i in range(50) for n in range(1, 41)]
+    assert 0.25 < sum(offered) / len(offered) < 0.35
+    assert offered == [bool(RepeatProposer(0.3).propose(f"r{i}", list(range(n)), 2))
+                       for i in range(50) for n in range(1, 41)]
+    assert all(RepeatProposer().propose("x", [1, 2, 3], 2) == [3, 3] for _ in range(3))
+    speculator = Speculator(SpeculativeConfig(method="sim", proposal_rate=0.0, adaptive=False))
+    assert speculator.plan([request("a", [1, 2, 3])], 1, 64) == {}
+    assert (speculator.num_offers, speculator.num_proposals) == (1, 0)
