@@ -8,10 +8,16 @@ A waiting request may preempt a running one of a strictly lower level (option `p
 Starvation prevention: a request not served for `starvation_seconds` is promoted to level 0
 with a fresh quantum.
 
-Phase-aware (option `phase_aware`, for reasoning models): the thinking phase is demoted like
-any long output, but when a request starts its answer (`Request.reasoning` leaves THINKING) it
-is promoted to level 0 with a fresh quantum, once: the answer the client waits for is not
-stuck behind everyone's long thinking, while a long thinking phase keeps sinking.
+Phase-aware (option `phase_aware`, for reasoning models): a request that is thinking
+(`Request.reasoning` in THINKING) ranks below every request that is answering -- a chat
+request without a thinking phase, or a reasoning request whose answer has started -- whatever
+their levels: the answer is what a client waits for token by token, the thinking is
+background work. Within each phase the levels apply as usual (a long thinking phase keeps
+sinking, starving thinkers are promoted among the thinkers), and when a request starts its
+answer it enters level 0 with a fresh quantum, once. Without the phase split, starvation
+promotion undoes mlfq under sustained overload: every queued request waits past
+`starvation_seconds`, is promoted to level 0 and, being older, ranks ahead of a new short
+request (docs/SPECULATION.md, "Reasoning phases", has the study).
 
 Preemption here is by recompute (FastServe swaps KV to host memory instead), so each eviction
 throws away the victim's whole context once its cached blocks are reused. Under sustained
@@ -118,8 +124,16 @@ class MLFQPolicy(Policy):
             place.last_served = now
         return place.level
 
+    def rank(self, request: Request, now: float) -> tuple[int, int]:
+        """(phase, level): phase 1 while thinking with `phase_aware`, else 0; lower first."""
+        level = self.level_of(request, now)
+        if self.phase_aware:
+            state = request.reasoning
+            return (1 if state is not None and state.is_thinking else 0, level)
+        return (0, level)
+
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
-        return (self.level_of(request, now), request.arrival_time, request.seq)
+        return (*self.rank(request, now), request.arrival_time, request.seq)
 
     # A waiting request's level moves only when it is promoted (it is not served, so it is
     # not demoted): its key is fixed until `starvation_seconds` after it was last served.
@@ -137,7 +151,7 @@ class MLFQPolicy(Policy):
     def should_preempt_for(self, request: Request, victim: Request, now: float) -> bool:
         if self.max_preemptions is not None and victim.num_preemptions >= self.max_preemptions:
             return False
-        return self.preempt and self.level_of(request, now) < self.level_of(victim, now)
+        return self.preempt and self.rank(request, now) < self.rank(victim, now)
 
     def on_step_end(self, scheduler_output: SchedulerOutput, duration: float, now: float) -> None:
         places = self._places

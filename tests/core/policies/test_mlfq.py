@@ -53,6 +53,23 @@ def test_phase_aware_promotes_a_request_once_when_its_answer_starts():
     assert levels[True] == [0, 0, 1, 1, 1, 1, 2, 2, 0, 0, 1, 1]
 
 
+def test_phase_aware_ranks_every_answer_above_every_thinker():
+    """Under overload every queued request starves and is promoted to the top level; with the
+    phases split, a promoted old thinker still ranks behind a new request that answers."""
+    from heddle.reasoning import Phase, ReasoningState
+
+    for aware in (False, True):
+        policy = make_policy("mlfq", quantum=1, starvation_seconds=5.0, phase_aware=aware)
+        thinker = create_request("think", max_tokens=100, arrival_time=0.0)
+        thinker.reasoning = ReasoningState(phase=Phase.THINKING, true_thinking_len=50)
+        chat = create_request("chat", max_tokens=100, arrival_time=9.0)
+        assert policy.level_of(thinker, 0.0) == policy.level_of(chat, 9.0) == 0
+        first = min((thinker, chat), key=lambda r: policy.sort_key(r, 9.0)).request_id
+        assert first == ("chat" if aware else "think")
+        assert policy.should_preempt_for(chat, thinker, 9.0) is aware
+        assert not policy.should_preempt_for(thinker, chat, 9.0)
+
+
 def test_a_demoted_long_generation_is_overtaken_by_a_new_short_request():
     sched = create_scheduler(policy="mlfq", max_num_seqs=1, quantum=2)
     long = create_request("long", prompt_len=4, max_tokens=20)
