@@ -248,15 +248,16 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     lengths: dict[int, list[int]] = {}
     # Untimed warm-up of every mode (kernels built, caches touched); its steps are not fitted.
     warm = real_prompts(tokenizer, args.workload, 2)
-    for name, spec in speculation_configs("ngram", args.k).items():
+    for (name, spec), seats in itertools.product(speculation_configs("ngram", args.k).items(),
+                                                 (1, 2)):
         config = EngineConfig(cache=cache, scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.budget, max_num_seqs=2, speculation=spec))
+            max_num_batched_tokens=args.budget, max_num_seqs=seats, speculation=spec))
         engine = Engine(config, executor, num_blocks=cache.num_blocks, tokenizer=tokenizer,
                         eos_token_id=model_executor.eos_token_id,
                         max_model_len=model_executor.max_model_len,
                         vocab_size=model_executor.model_shape.vocab_size, record_steps=False)
-        closed_loop(engine, warm, SamplingParams(temperature=0.0, max_tokens=16), 2,
-                    time.perf_counter, prefix=f"warm-{name}-")
+        closed_loop(engine, warm, SamplingParams(temperature=0.0, max_tokens=16), seats,
+                    time.perf_counter, prefix=f"warm-{name}-{seats}-")
     executor.steps.clear()
     started = time.perf_counter()
     for streams in args.streams:
