@@ -300,6 +300,12 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
                          "tokens_per_second_runs": [r["tokens_per_second"] for r in runs]})
             print(f"  streams={streams} {name}: {best:.1f} tok/s "
                   f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+        # What is measured so far survives a run cut short (a bench slot's end).
+        partial = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
+        Path("results").mkdir(exist_ok=True)
+        Path(f"results/speculation_real_{args.workload}.partial.json").write_text(
+            json.dumps({"rows": partial, "greedy_mismatches": mismatches,
+                        "per_request": per_request, "offers": offers, "proposals": proposals}))
     fitted = fit_acceptance(per_request)
     fitted["proposal_rate"] = proposals / offers if offers else 0.0
     # The simulator fitted to these runs: their steps' cost, their acceptance.
