@@ -121,10 +121,14 @@ def closed_loop(
 
 def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     from heddle.sim import RooflineCostModel, kv_cache_blocks, load_model_spec
+    from heddle.spec.sim import MEASURED_ACCEPTANCE
 
     model = load_model_spec(args.model)
     cost = RooflineCostModel(model, args.hardware, tp=model.default_tp)
     budget, block = args.budget, 16
+    proposal_rate = 1.0
+    if args.measured is not None:  # the rates measured on the real engine for that workload
+        args.acceptance, args.spread, proposal_rate = MEASURED_ACCEPTANCE[args.measured]
     rows: list[dict[str, Any]] = []
     for streams in args.streams:
         seats = max(streams, 1)
@@ -135,7 +139,7 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
         prompts = [[1 + (i * 7919 + j) % 30000 for j in range(prompt_len)] for i in range(num)]
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
         rows += sim_rows(cost, model.vocab_size, num_blocks, budget, block, streams, prompts,
-                         params, args.k, args.acceptance, args.spread, 1.0)
+                         params, args.k, args.acceptance, args.spread, proposal_rate)
     return {"mode": "sim", "model": args.model, "hardware": args.hardware, "budget": budget,
             "acceptance": args.acceptance, "spread": args.spread, "k": args.k, "rows": rows}
 
@@ -379,6 +383,9 @@ def main() -> None:
     parser.add_argument("--hardware", default="h100", help="sim only")
     parser.add_argument("--acceptance", type=float, default=0.75, help="sim only")
     parser.add_argument("--spread", type=float, default=0.2, help="sim only")
+    parser.add_argument("--measured", choices=["repetitive", "chat"], default=None,
+                        help="sim: the acceptance, spread and proposal rate measured on the real "
+                        "engine for this workload (heddle/spec/sim.py MEASURED_ACCEPTANCE)")
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 8192 if args.mode == "sim" else 512
