@@ -317,13 +317,18 @@ class KVCacheManager:
                 break  # the chain is cut: later blocks could never be found from the root
             self.pool.acquire(block)
             held.append(block.block_id)
+        self._hold_parked(session_id, held)
+        return len(held)
+
+    def _hold_parked(self, session_id: str, held: list[int]) -> None:
+        """Make `held` (blocks the caller acquired) the session's parked blocks, replacing what
+        it parked before."""
         self.unpark(session_id)
         if held:
             self._parked[session_id] = held
             refs = self._parked_refs
             for block_id in held:
                 refs[block_id] = refs.get(block_id, 0) + 1
-        return len(held)
 
     def unpark(self, session_id: str) -> int:
         """Release a session's parked blocks to the free pool (their contents stay cached
@@ -376,12 +381,7 @@ class KVCacheManager:
                 assert slot is not None
                 copies.append((slot, block.block_id))
             held.append(block.block_id)
-        self.unpark(session_id)
-        if held:
-            self._parked[session_id] = held
-            refs = self._parked_refs
-            for block_id in held:
-                refs[block_id] = refs.get(block_id, 0) + 1
+        self._hold_parked(session_id, held)
         return copies
 
     def free_blocks_to_restore(self, chain: Sequence[tuple[BlockHash, int | None]]) -> int:

@@ -48,19 +48,10 @@ class RankingPolicy(Protocol):
     def take_moved(self) -> list[str]: ...
 
 
-class ArrivalQueue:
-    """Requests in the order they joined; O(1) join and leave."""
+class _Members:
+    """What every waiting queue reads alike: its requests in the order they joined, by id."""
 
-    ordered = False
-
-    def __init__(self) -> None:
-        self._items: dict[str, Request] = {}
-
-    def add(self, request: Request, key: tuple[float, ...] | None = None) -> None:
-        self._items[request.request_id] = request
-
-    def remove(self, request: Request) -> None:
-        del self._items[request.request_id]
+    _items: dict[str, Request]
 
     def __iter__(self) -> Iterator[Request]:
         return iter(self._items.values())
@@ -73,6 +64,21 @@ class ArrivalQueue:
 
     def __contains__(self, request: object) -> bool:
         return getattr(request, "request_id", None) in self._items
+
+
+class ArrivalQueue(_Members):
+    """Requests in the order they joined; O(1) join and leave."""
+
+    ordered = False
+
+    def __init__(self) -> None:
+        self._items: dict[str, Request] = {}
+
+    def add(self, request: Request, key: tuple[float, ...] | None = None) -> None:
+        self._items[request.request_id] = request
+
+    def remove(self, request: Request) -> None:
+        del self._items[request.request_id]
 
 
 class OrderedQueue:
@@ -125,7 +131,7 @@ class OrderedQueue:
         return self._items[:count]
 
 
-class RankedQueue:
+class RankedQueue(_Members):
     """Waiting requests sorted by keys that change only when the policy can say so.
 
     The key of a request is computed when it joins and again only when it may have moved:
@@ -259,21 +265,8 @@ class RankedQueue:
         if members != self._items.keys():
             raise AssertionError("the ranked waiting queue's order and members disagree")
 
-    # -- reading ----------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._items.values())
 
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-    def __contains__(self, request: object) -> bool:
-        return getattr(request, "request_id", None) in self._items
-
-
-class GroupedQueue:
+class GroupedQueue(_Members):
     """Waiting requests in arrival order, and per group (a policy's `group_of`, e.g. the user)
     sorted by (arrival time, seq): a policy that serves groups in turn reads their heads."""
 
@@ -314,18 +307,6 @@ class GroupedQueue:
             count += len(members)
         if count != len(self._items):
             raise AssertionError("the waiting queue's groups and members disagree")
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-    def __contains__(self, request: object) -> bool:
-        return getattr(request, "request_id", None) in self._items
 
 
 WaitingQueue = ArrivalQueue | OrderedQueue | RankedQueue | GroupedQueue
