@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,12 +31,7 @@ from typing import Any
 import httpx
 
 from heddle.bench.client import run_bench
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from heddle.hostinfo import free_port
 
 
 def machine() -> str:

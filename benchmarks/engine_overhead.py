@@ -26,17 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from heddle.engine.llm import LLM
+from heddle.hostinfo import cpu_model
 from heddle.request import SamplingParams
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _median_per_call(fn: Any, first: Any, tokens: list[int], repeats: int) -> float:

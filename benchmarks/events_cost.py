@@ -17,13 +17,13 @@ import gc
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
+from heddle.hostinfo import cpu_model
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
 
@@ -63,16 +63,6 @@ def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, 
     result = simulate(workload, engine)
     log = result.engine.scheduler.events if result.engine is not None else None
     return result.wall_seconds, result.num_steps, 0 if log is None else log.num_events
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -30,7 +30,6 @@ import math
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import Any
 import httpx
 
 from heddle.bench import run_bench
+from heddle.hostinfo import cpu_model, free_port
 from heddle.metrics.stats import LatencyStats
 from heddle.metrics.steady import Refused, window_report
 from heddle.workloads import Workload, get_workload
@@ -74,22 +74,6 @@ def workload(num_requests: int, rate: float, seed: int) -> Workload:
         ttft, tpot, priority = CLASSES.get(r.request_class, CLASSES["short"])
         requests.append(replace(r, ttft_slo=ttft, tpot_slo=tpot, priority=priority))
     return Workload(base.name, base.params, base.seed, requests)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def metric(text: str, name: str) -> float:

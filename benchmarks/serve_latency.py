@@ -24,7 +24,6 @@ import json
 import platform
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import httpx
 import psutil
 
 from heddle.engine.llm import LLM
+from heddle.hostinfo import free_port
 from heddle.request import SamplingParams
 
 SERVE = (
@@ -44,12 +44,6 @@ SERVE = (
     "sys.argv = ['heddle', 'serve', *sys.argv[1:]]\n"
     "sys.exit(main())\n"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_model() -> str:

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +45,7 @@ from typing import Any
 import httpx
 
 from heddle.bench import BenchResult, run_bench
+from heddle.hostinfo import free_port
 from heddle.model.device import cpu_description
 from heddle.model.registry import default_model_path
 from heddle.workloads import get_workload
@@ -58,12 +58,6 @@ SERVE_HEDDLE = (
     "add_arguments(parser)\n"
     "sys.exit(run_from_args(parser.parse_args(sys.argv[1:])))\n"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,8 @@ from typing import Any
 import httpx
 import psutil
 
+from heddle.hostinfo import cpu_model, free_port
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -37,22 +37,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 300) -> None:

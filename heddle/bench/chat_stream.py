@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from heddle.bench.stream import _error_message, spread_times, sse_chunks
+from heddle.bench.stream import _error_message, begin_request, spread_times, sse_chunks
 from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.workloads import WorkloadRequest
 
@@ -63,21 +63,7 @@ async def send_chat(
     deadline: float | None = None,
 ) -> ChatOutcome:
     """Send one streaming chat request and time it; never raises for server errors."""
-    start = time.perf_counter() - t0
-    cut_off = False
-    if deadline is not None:
-        left = max(0.0, deadline - time.perf_counter())
-        if timeout is None or left < timeout:
-            timeout, cut_off = left, True
-    record = RequestRecord(
-        request_id=request.request_id,
-        arrival_time=start,
-        num_prompt_tokens=request.prompt_len,
-        request_class=request.request_class,
-        user=request.user,
-        ttft_slo=request.ttft_slo,
-        tpot_slo=request.tpot_slo,
-    )
+    record, timeout, cut_off = begin_request(request, t0, timeout, deadline)
     turn = ChatTurn()
     chunk_times: list[float] = []
     calls: dict[int, dict[str, Any]] = {}

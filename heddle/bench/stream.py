@@ -95,6 +95,29 @@ async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
         yield json.loads(data)
 
 
+def begin_request(
+    request: WorkloadRequest, t0: float, timeout: float | None, deadline: float | None
+) -> tuple[RequestRecord, float | None, bool]:
+    """A request's record, started now, and the timeout it runs under: the client's, or what
+    is left before the run's `deadline` (perf_counter time) if that is shorter, in which case
+    the third value says a request still streaming then was cut off by the run's end."""
+    cut_off = False
+    if deadline is not None:
+        left = max(0.0, deadline - time.perf_counter())
+        if timeout is None or left < timeout:
+            timeout, cut_off = left, True
+    record = RequestRecord(
+        request_id=request.request_id,
+        arrival_time=time.perf_counter() - t0,
+        num_prompt_tokens=request.prompt_len,
+        request_class=request.request_class,
+        user=request.user,
+        ttft_slo=request.ttft_slo,
+        tpot_slo=request.tpot_slo,
+    )
+    return record, timeout, cut_off
+
+
 async def send_request(
     client: httpx.AsyncClient,
     url: str,
@@ -109,21 +132,7 @@ async def send_request(
     `deadline` (perf_counter time) ends the run: a request still streaming then is cut off and
     counted as aborted.
     """
-    start = time.perf_counter() - t0
-    cut_off = False
-    if deadline is not None:
-        left = max(0.0, deadline - time.perf_counter())
-        if timeout is None or left < timeout:
-            timeout, cut_off = left, True
-    record = RequestRecord(
-        request_id=request.request_id,
-        arrival_time=start,
-        num_prompt_tokens=request.prompt_len,
-        request_class=request.request_class,
-        user=request.user,
-        ttft_slo=request.ttft_slo,
-        tpot_slo=request.tpot_slo,
-    )
+    record, timeout, cut_off = begin_request(request, t0, timeout, deadline)
     chunk_times: list[float] = []
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 from pathlib import Path
 
 import torch
 
 from heddle.errors import HeddleError
+from heddle.hostinfo import cpuinfo
 
 _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -69,30 +69,13 @@ _SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni
 def cpu_identity() -> str:
     """The CPU's model name and its full flags line: what code tuned or compiled for this CPU
     must not be reused without (kernel builds, the tuned kernel plan)."""
-    model, flags = _cpuinfo()
+    model, flags = cpuinfo()
     return f"{model}; {flags}"
-
-
-def _cpuinfo() -> tuple[str, str]:
-    """The first CPU's model name and flags line in /proc/cpuinfo (the platform's name and
-    no flags where it cannot be read)."""
-    model, flags = platform.processor() or platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = value.strip()
-                break
-    except OSError:
-        pass
-    return model, flags
 
 
 def cpu_description() -> str:
     """`<model name>, N cores; flags: ...` from /proc/cpuinfo, for benchmark reports."""
-    model, line = _cpuinfo()
+    model, line = cpuinfo()
     flags = line.split()
     simd = " ".join(f for f in _SIMD_FLAGS if f in flags) or "none of avx2/avx512/amx"
     return f"{model}, {os.cpu_count()} cores; flags: {simd}"
