@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from heddle.bench.stream import _error_message, begin_request, spread_times, sse_chunks
+from heddle.bench.stream import begin_request, refusal_or_error, spread_times, sse_chunks
 from heddle.metrics.record import RequestRecord, TokenTimes
 from heddle.workloads import WorkloadRequest
 
@@ -36,6 +36,10 @@ class ChatOutcome:
     record: RequestRecord
     turn: ChatTurn
     error: str | None = None
+    # HTTP 429, as in heddle.bench.stream.Outcome: a refusal, not an error.
+    refused: bool = False
+    retry_after: float | None = None
+    num_refusals: int = 0
 
 
 def _merge_tool_call_delta(calls: dict[int, dict[str, Any]], delta: dict[str, Any]) -> None:
@@ -70,11 +74,13 @@ async def send_chat(
     texts: list[str] = []
     usage: dict[str, Any] | None = None
     error: str | None = None
+    refused = False
+    retry_after: float | None = None
     try:
         async with asyncio.timeout(timeout):
             async with client.stream("POST", url, json=payload) as response:
                 if response.status_code != 200:
-                    error = _error_message(response.status_code, await response.aread())
+                    error, refused, retry_after = await refusal_or_error(response)
                 else:
                     async for chunk in sse_chunks(response):
                         now = time.perf_counter() - t0
@@ -106,6 +112,9 @@ async def send_chat(
     if error is None and not chunk_times:
         error = "the response carried no text and no tool call"
     record.finish_time = end
+    if refused:
+        record.finish_reason = "refused"
+        return ChatOutcome(record, turn, error, True, retry_after, 1)
     if error is not None:
         record.finish_reason = "abort" if cut_off and error.startswith("cut off") else "error"
         return ChatOutcome(record, turn, error)

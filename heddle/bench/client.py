@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from heddle.bench.prompts import PROMPT_MODES
-from heddle.bench.refusals import refusal_report
+from heddle.bench.refusals import Answer, refusal_report
 from heddle.bench.report import BenchResult, print_report, write_outputs
 from heddle.bench.runner import LoadOptions, generate_load
 from heddle.cli.flags import parse_key_values, parse_slo
@@ -130,6 +131,11 @@ async def run_bench_async(
         retry_refused=retry_refused,
     )
     if load.is_agent:
+        if retry_refused:
+            raise HeddleError(
+                "the agent client does not send refused calls again: --retry-refused is for "
+                "non-agent workloads"
+            )
         return await _run_agents(
             base_url,
             load,
@@ -174,9 +180,7 @@ async def run_bench_async(
             result = await generate_load(load, options, advance)
     else:
         result = await generate_load(load, options)
-    # Refused requests (HTTP 429) are load the server chose not to take: not records of the
-    # summary, not errors; their own report counts them as offered (heddle.bench.refusals).
-    records = [o.record for o in result.outcomes if not o.refused]
+    answers = _answers(result.outcomes, slo, retry_refused)
     config = {
         "base_url": base_url,
         "model": model,
@@ -191,24 +195,31 @@ async def run_bench_async(
         "retry_refused": retry_refused,
         "slo": None if slo is None else {"ttft": slo.ttft, "tpot": slo.tpot},
     }
-    summary = summarize(records, slo=slo)
     return BenchResult(
         config=config,
         workload=load.describe(),
-        records=records,
-        summary=summary,
-        errors={
-            o.record.request_id: o.error
-            for o in result.outcomes
-            if o.error is not None and not o.refused
-        },
+        summary=summarize(answers["records"], slo=slo),
         num_not_sent=result.num_not_sent,
         wall_time=result.wall_time,
         workload_requests=load.flat(),
-        refusals=refusal_report(
-            result.outcomes, run_span(o.record for o in result.outcomes), slo, retry_refused
+        **answers,
+    )
+
+
+def _answers(outcomes: Sequence[Answer], slo: SLO | None, retry_refused: int) -> dict[str, Any]:
+    """The records, errors and refusals of a run, for both clients (completions, agents' chat).
+
+    Refused requests (HTTP 429) are load the server chose not to take: not records of the
+    summary, not errors; their own report counts them as offered (heddle.bench.refusals)."""
+    return {
+        "records": [o.record for o in outcomes if not o.refused],
+        "errors": {
+            o.record.request_id: o.error for o in outcomes if o.error is not None and not o.refused
+        },
+        "refusals": refusal_report(
+            outcomes, run_span(o.record for o in outcomes), slo, retry_refused
         ),
-        refused=[
+        "refused": [
             {
                 "request_id": o.record.request_id,
                 "request_class": o.record.request_class,
@@ -217,10 +228,10 @@ async def run_bench_async(
                 "retry_after": o.retry_after,
                 "message": o.error,
             }
-            for o in result.outcomes
+            for o in outcomes
             if o.refused
         ],
-    )
+    }
 
 
 async def _run_agents(
@@ -255,7 +266,10 @@ async def _run_agents(
             result = await run_programs(load, options, lambda _: bar.update(task, advance=1))
     else:
         result = await run_programs(load, options)
-    records = [o.record for o in result.outcomes]
+    # A refused call (HTTP 429) ends its program, as an error does, but counts as a refusal.
+    # The agent client does not send a refused call again (retry_refused 0).
+    answers = _answers(result.outcomes, slo, 0)
+    records = answers["records"]
     config = {
         "base_url": base_url,
         "model": model,
@@ -274,14 +288,13 @@ async def _run_agents(
     return BenchResult(
         config=config,
         workload=load.describe(),
-        records=records,
         summary=summarize(records, slo=slo),
-        errors={o.record.request_id: o.error for o in result.outcomes if o.error is not None},
         num_not_sent=result.num_not_sent,
         wall_time=result.wall_time,
         workload_requests=load.flat(),
         program_records=result.programs,
         programs=summarize_programs(result.programs, records, cache_reported=result.cache_reported),
+        **answers,
     )
 
 

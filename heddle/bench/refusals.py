@@ -20,10 +20,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from heddle.bench.stream import Outcome
+from heddle.metrics.record import RequestRecord
 from heddle.metrics.summary import OVERALL, SLO, is_completed, meets_slo
+
+
+class Answer(Protocol):
+    """A request's final outcome as both stream clients give it (heddle.bench.stream.Outcome,
+    heddle.bench.chat_stream.ChatOutcome): the record, and the refusal apart from the error."""
+
+    @property
+    def record(self) -> RequestRecord: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def refused(self) -> bool: ...
+    @property
+    def retry_after(self) -> float | None: ...
+    @property
+    def num_refusals(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -86,10 +102,10 @@ class RefusalReport:
 
 
 def refusal_report(
-    outcomes: Sequence[Outcome], duration: float, slo: SLO | None, retry_refused: int
+    outcomes: Sequence[Answer], duration: float, slo: SLO | None, retry_refused: int
 ) -> RefusalReport:
     """Per class and overall, from every request's final outcome."""
-    by_class: dict[str, list[Outcome]] = {}
+    by_class: dict[str, list[Answer]] = {}
     for o in outcomes:
         by_class.setdefault(o.record.request_class, []).append(o)
     with_slo = slo is not None or any(
@@ -103,7 +119,7 @@ def refusal_report(
 
 
 def _class(
-    name: str, outcomes: Sequence[Outcome], duration: float, slo: SLO | None, with_slo: bool
+    name: str, outcomes: Sequence[Answer], duration: float, slo: SLO | None, with_slo: bool
 ) -> ClassRefusals:
     out = ClassRefusals(name, offered=len(outcomes))
     retry_afters: list[float] = []

@@ -84,6 +84,16 @@ def _error_message(status: int, body: bytes) -> str:
     return f"HTTP {status}: {message}"
 
 
+async def refusal_or_error(response: httpx.Response) -> tuple[str, bool, float | None]:
+    """A non-200 answer, read: its error message, whether it is a refusal (HTTP 429: load the
+    server chose not to take, heddle.bench.refusals) and, for a refusal, its Retry-After in
+    seconds. The one reading of a refusal for both stream clients (completions and chat)."""
+    message = _error_message(response.status_code, await response.aread())
+    if response.status_code == 429:
+        return message, True, retry_after_seconds(response.headers.get("retry-after"))
+    return message, False, None
+
+
 async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     """The JSON chunks of an OpenAI-style server-sent event stream, up to `data: [DONE]`."""
     async for line in response.aiter_lines():
@@ -142,12 +152,8 @@ async def send_request(
     try:
         async with asyncio.timeout(timeout):
             async with client.stream("POST", url, json=payload) as response:
-                if response.status_code == 429:
-                    refused = True
-                    retry_after = retry_after_seconds(response.headers.get("retry-after"))
-                    error = _error_message(response.status_code, await response.aread())
-                elif response.status_code != 200:
-                    error = _error_message(response.status_code, await response.aread())
+                if response.status_code != 200:
+                    error, refused, retry_after = await refusal_or_error(response)
                 else:
                     async for chunk in sse_chunks(response):
                         now = time.perf_counter() - t0

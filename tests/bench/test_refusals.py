@@ -9,8 +9,9 @@ import pytest
 
 from heddle.bench import run_bench
 from heddle.bench.stream import retry_after_seconds
+from heddle.errors import HeddleError
 from heddle.metrics import SLO
-from heddle.workloads import Workload, WorkloadRequest
+from heddle.workloads import AgentCall, AgentProgram, Workload, WorkloadRequest
 from tests.server.fakes import make_engine
 from tests.server.live import LiveServer
 
@@ -93,3 +94,42 @@ def test_retry_after_is_honoured_when_asked(refusing_server):
     slow = sorted(r.ttft for r in result.records if r.ttft is not None)[-overall.retried :]
     assert all(t >= 1.0 for t in slow)
     refusing_server.assert_pool_whole()
+
+
+def test_agent_client_counts_refused_calls_apart_from_errors(refusing_server):
+    # Six one-call-then-more programs sent at once to one seat and one waiting place per
+    # class: some first calls are refused. A refused call ends its program (as an error would)
+    # but is a refusal: counted in the same report as the completions client's, not an error.
+    programs = [
+        AgentProgram(
+            f"p{i}",
+            0.0,
+            (AgentCall(8, 40, 0.0, "none"), AgentCall(4, 2, 0.0, "none")),
+            seed=f"s{i}",
+            request_class=("bulk", "chat")[i % 2],
+        )
+        for i in range(6)
+    ]
+    workload = Workload("agents", {}, 0, [p.first_request() for p in programs], programs)
+    result = run_bench(refusing_server.base_url, workload, request_rate=100.0)
+    assert result.errors == {}
+    report = result.refusals
+    assert report is not None and not report.honoured
+    overall = report.overall
+    assert overall.refused >= 2 and overall.refusals == overall.refused
+    assert overall.offered == overall.served + overall.refused
+    assert overall.retry_after_mean == 1.0
+    assert len(result.records) == overall.served  # refused calls are not records
+    assert result.programs is not None
+    assert result.programs.num_failed == overall.refused  # each refused call ended a program
+    saved = json.loads(json.dumps(result.to_dict(with_records=False)))
+    assert len(saved["refused"]) == overall.refused
+    assert all("queue" in r["message"] for r in saved["refused"])
+    refusing_server.assert_pool_whole()
+
+
+def test_agent_client_refuses_retry_option(refusing_server):
+    program = AgentProgram("p", 0.0, (AgentCall(8, 2, 0.0, "none"),), seed="s")
+    workload = Workload("agents", {}, 0, [program.first_request()], [program])
+    with pytest.raises(HeddleError, match="retry-refused"):
+        run_bench(refusing_server.base_url, workload, request_rate=10.0, retry_refused=1)
