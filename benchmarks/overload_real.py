@@ -15,9 +15,14 @@ per arm (the embedded SmolLM2-135M in fp32, token budget 256, 16 seats), in this
 
 Per arm: the short class's TTFT against arrival time (windows of `--window` seconds: a queue
 that grows shows as a TTFT that grows), its trend (least-squares slope), completions and
-output tokens per second, refusals, preemptions (the server's /metrics).
+output tokens per second, refusals, preemptions (the server's /metrics). And per window of
+the run (by time, `--window` seconds): completions/s, output tokens/s and goodput (requests
+completed within their SLO)/s by completion time, preemptions and steps (the server's
+/metrics read every window) and the waiting queue: a collapse shows as throughput falling
+while preemptions rise, a queue that grows as a waiting count that grows.
 
-    python benchmarks/overload_real.py --duration 90 --output results/overload_real.json
+    python benchmarks/overload_real.py --capacity 2.18 --duration 170 \
+        --output results/overload_real.json
 
 Wall-clock figures: run it under /work/tools/bench (alone on the machine).
 """
@@ -30,8 +35,10 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +50,7 @@ from heddle.bench import run_bench
 from heddle.hostinfo import cpu_model, free_port
 from heddle.metrics.stats import LatencyStats
 from heddle.metrics.steady import Refused, window_report
+from heddle.metrics.summary import is_completed, meets_slo
 from heddle.workloads import Workload, get_workload
 
 # fp32 without per-start kernel tuning (the setup of docs/POLICIES.md "The real engine").
@@ -95,7 +103,7 @@ class Server:
                    "--log-level", "warning", *SERVER_FLAGS, *flags]  # fmt: skip
         self.process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
+    def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -120,8 +128,51 @@ class Server:
             self.process.wait()
 
 
-def run_arm(name: str, load: Workload, duration: float) -> dict[str, Any]:
+class MetricsPoller:
+    """Reads the server's /metrics every `every` seconds in a thread while the load runs: the
+    counters' course over the run (preemptions, steps) and the waiting queue."""
+
+    def __init__(self, server: Server, every: float) -> None:
+        self.server = server
+        self.every = every
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._sample()
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self._sample()
+
+    def _sample(self) -> None:
+        try:
+            text = self.server.metrics()
+        except httpx.HTTPError:
+            return
+        self.samples.append({
+            "t": time.perf_counter() - self._t0,
+            "preemptions": metric(text, "heddle_preemptions_total"),
+            "steps": metric(text, "heddle_steps_total"),
+            "waiting": metric(text, "heddle_num_requests_waiting"),
+            "running": metric(text, "heddle_num_requests_running"),
+        })  # fmt: skip
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+
+def run_arm(name: str, load: Workload, duration: float, window: float = 15.0) -> dict[str, Any]:
     server = Server(ARMS[name])
+    poller: MetricsPoller | None = None
     try:
         server.wait_ready()
         # One request first: the first step's warm-up is not part of the run.
@@ -132,6 +183,8 @@ def run_arm(name: str, load: Workload, duration: float) -> dict[str, Any]:
         ).raise_for_status()
         before = server.metrics()
         rate = load.params.get("rate")
+        poller = MetricsPoller(server, window)
+        poller.start()
         result = run_bench(
             server.base_url,
             load,
@@ -140,14 +193,61 @@ def run_arm(name: str, load: Workload, duration: float) -> dict[str, Any]:
             max_duration=duration,
             request_timeout=duration,
         )
+        poller.stop()
         after = server.metrics()
     finally:
+        if poller is not None:
+            poller.stop()
         server.stop()
-    return summarize_arm(name, result, before, after, duration)
+    row = summarize_arm(name, result, before, after, duration, window)
+    row["by_time"] = by_time(result.records, poller.samples, result.wall_time, window)
+    return row
+
+
+def by_time(
+    records: list[Any], samples: list[dict[str, float]], span: float, width: float
+) -> list[dict[str, Any]]:
+    """Per `width`-second window of the run: completions, output tokens and goodput (completed
+    within the request's SLO) per second by completion / token time, and from the /metrics
+    samples the preemptions and steps in the window and the waiting queue at its end. The
+    poller's clock starts a little before the load's (the first sample), so its windows lead
+    the records' by under a second."""
+    out = []
+    t = 0.0
+    while t < span - width / 2:  # a last part-window under half a window is left out
+        end = t + width
+        done = [r for r in records if is_completed(r) and t <= r.finish_time < end]
+        tokens = sum(1 for r in records for x in r.token_times if t <= x < end)
+        first, last = _nearest(samples, t, width), _nearest(samples, end, width)
+        if end >= span - width / 2 and samples:
+            last = samples[-1]  # the poller's last sample, taken when the load ended
+        row: dict[str, Any] = {
+            "start": t,
+            "completions_per_s": len(done) / width,
+            "output_tok_s": tokens / width,
+            "goodput": sum(1 for r in done if meets_slo(r, None)) / width,
+            "short_goodput": sum(
+                1 for r in done if r.request_class == "short" and meets_slo(r, None)
+            )
+            / width,
+        }
+        if first is not None and last is not None and last["t"] > first["t"]:
+            row["preemptions"] = last["preemptions"] - first["preemptions"]
+            row["steps"] = last["steps"] - first["steps"]
+            row["waiting"] = last["waiting"]
+        out.append(row)
+        t = end
+    return out
+
+
+def _nearest(samples: list[dict[str, float]], t: float, width: float) -> dict[str, float] | None:
+    """The /metrics sample taken nearest to time `t`, if one is within half a window of it."""
+    best = min(samples, key=lambda x: abs(x["t"] - t), default=None)
+    return best if best is not None and abs(best["t"] - t) <= width / 2 else None
 
 
 def summarize_arm(
-    name: str, result: Any, before: str, after: str, duration: float
+    name: str, result: Any, before: str, after: str, duration: float, window: float = 15.0
 ) -> dict[str, Any]:
     records = result.records
     refused = [
@@ -184,7 +284,7 @@ def summarize_arm(
         "short_ttft_trend": short.ttft_trend,
         "short_goodput": short.goodput,
         "goodput": overall.goodput,
-        "short_ttft_by_window": by_window(records, "short", result.wall_time),
+        "short_ttft_by_window": by_window(records, "short", result.wall_time, window),
         "preemptions": metric(after, "heddle_preemptions_total")
         - metric(before, "heddle_preemptions_total"),
         "steps": metric(after, "heddle_steps_total") - metric(before, "heddle_steps_total"),
@@ -219,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-requests", type=int, default=48)
     parser.add_argument("--probe-duration", type=float, default=40.0)
     parser.add_argument("--capacity", type=float, default=None, help="req/s: skip the probe")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds per time window")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="results/overload_real.json")
     args = parser.parse_args(argv)
+    # A timeout's SIGTERM ends the run through the `finally` blocks, which stop the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; known: {', '.join(ARMS)}")
@@ -240,13 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     rate = args.load * capacity
     for arm in args.arms.split(","):
         num = max(1, math.ceil(rate * args.duration))
-        row = run_arm(arm, workload(num, rate, args.seed), args.duration)
+        row = run_arm(arm, workload(num, rate, args.seed), args.duration, args.window)
         row["rate"] = rate
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "short_ttft_by_window"}),
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(json.dumps({k: v for k, v in row.items() if k not in ("short_ttft_by_window",
+              "by_time")}), file=sys.stderr, flush=True)  # fmt: skip
+        print(time_table(row), file=sys.stderr, flush=True)
         save(args.output, rows, capacity, args.load, started)
-    print(table(save(args.output, rows, capacity, args.load, started)))
+    out = save(args.output, rows, capacity, args.load, started)
+    print(table(out))
+    for row in out["rows"]:
+        if row.get("by_time"):
+            print(f"\n{row['arm']}:\n{time_table(row)}")
     return 0
 
 
@@ -289,6 +397,23 @@ def table(out: dict[str, Any]) -> str:
                 f(r["short_goodput"], ".2f"), f(r["preemptions"], ".0f"), trend,
             ]) + " |"
         )  # fmt: skip
+    return "\n".join(lines)
+
+
+def time_table(row: dict[str, Any]) -> str:
+    """One arm's course over time: a line per window."""
+    head = ["window (s)", "completions/s", "output tok/s", "goodput/s", "short goodput/s",
+            "short TTFT p99 (s, by arrival)", "preemptions", "steps", "waiting at end"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    ttft = {w["start"]: w for w in row.get("short_ttft_by_window", [])}
+    for w in row["by_time"]:
+        arrival = ttft.get(w["start"])
+        p99 = "-" if arrival is None or arrival["p99"] is None else f"{arrival['p99']:.1f}"
+        cells = [f"{w['start']:.0f}", f"{w['completions_per_s']:.2f}", f"{w['output_tok_s']:.0f}",
+                 f"{w['goodput']:.2f}", f"{w['short_goodput']:.2f}", p99,
+                 f"{w.get('preemptions', float('nan')):.0f}", f"{w.get('steps', float('nan')):.0f}",
+                 f"{w.get('waiting', float('nan')):.0f}"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -152,9 +152,11 @@ def run_point(point: Point) -> dict[str, Any]:
     until = None
     if point.cut:
         until = math.nextafter(max(r.arrival_time for r in workload.requests), math.inf)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     result = _simulate(workload, scheduler, point.seed, until)
     wall = time.perf_counter() - started
+    # CPU seconds of the simulation alone: what a run costs whatever else shares the machine.
+    cpu = time.process_time() - cpu_started
     records = result.records
     if result.cut:
         # What the cut aborted is unfinished at the end of the run (TTFT censored there).
@@ -195,6 +197,7 @@ def run_point(point: Point) -> dict[str, Any]:
         "point": asdict(point),
         "rate": rate,
         "wall_seconds": wall,
+        "cpu_seconds": cpu,
         "window": report.intervals,
         "virtual_seconds": result.elapsed,
         "short": _row(short),
@@ -273,7 +276,8 @@ def run_all(points: Sequence[Point], path: Path, jobs: int, resume: bool) -> lis
             print(
                 f"[{i}/{len(todo)} {time.perf_counter() - started:5.0f}s] {p['workload']} "
                 f"{p['policy']} {p['variant']} load {p['load']} n {p['num_requests']} "
-                f"seed {p['seed']}: {row['wall_seconds']:.1f}s wall",
+                f"seed {p['seed']}: {row['wall_seconds']:.1f}s wall, "
+                f"{row.get('cpu_seconds', float('nan')):.1f}s CPU",
                 file=sys.stderr,
                 flush=True,
             )
