@@ -2,15 +2,21 @@
 engines do today) vs heddle's retention (+ plas), the same load, through the agent load client.
 
 For each configuration the script starts `heddle serve` on the embedded model (SmolLM2-135M,
-CPU) on a free port with that configuration and the same KV pool, runs the agent load client
-(`heddle.bench.client.run_bench`: multi-turn chat programs, tool waits, session fields) with the
-same workload, seed and arrival rate, stops the server, and prints per-program completion time
-(mean, p50, p95), per-call TTFT, programs per second and the prefix-cache hit rate the server
-reported, then the ratios against the first configuration.
+CPU) on a free port with that configuration and the same KV pool (all servers start first; an
+idle one sleeps), then for each repeat runs the agent load client (`heddle.bench.client.
+run_bench`: multi-turn chat programs, tool waits on the wall clock, session fields) against each
+configuration in turn with the same workload, seed and arrival rate, and prints per-program
+completion time (mean, p50, p95), per-call TTFT, programs per second and the prefix-cache hit
+rate the server reported, then the medians over repeats and the side-by-side ratios against the
+first configuration. After every run it closes every session the run used and checks that the
+server holds no KV block (`kv_blocks_used` of /health once idle; exit status 1 if any leaked).
 
-    python benchmarks/agents_serve.py --workload agent-bfcl --request-rate 0.5 \\
-        --num-programs 12 --num-blocks 96 --workload-option length_scale=0.1 \\
-        --configs fcfs:lru,plas:cost --output-dir results/agents-serve
+    python benchmarks/agents_serve.py --workload agent-swe --request-rate 1.0 --num-programs 60 \\
+        --num-blocks 192 --max-num-seqs 8 --offload-blocks 1024 --repeats 2 \\
+        --workload-option length_scale=0.3 --workload-option output_mean=15 \\
+        --workload-option tool_time_factor=0.3 --workload-option max_context_len=1400 \\
+        --workload-option turns_mean=8 --workload-option max_turns=10 \\
+        --configs fcfs:lru,plas:cost+tier --output-dir results/agents-serve
 
 Wall-time figures: run under tools/bench, alone on the machine.
 """
@@ -21,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,7 +67,7 @@ def start_server(
         sys.executable, "-m", "heddle", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--policy", policy, "--retention", retention, "--num-blocks", str(args.num_blocks),
         "--max-num-seqs", str(args.max_num_seqs), "--offload-blocks", str(offload),
-        "--log-level", "warning",
+        "--log-level", "warning", "--num-threads", str(args.threads),
     ]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
@@ -90,53 +97,168 @@ def stop(server: subprocess.Popen[bytes]) -> None:
         server.wait(10)
 
 
-def run_config(config: str, args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = Path(tempfile.gettempdir()) / f"agents-serve-{port}.log"
-    with log_path.open("wb") as log:
-        server = start_server(config, args, port, log)
-    try:
-        wait_healthy(server, url, args.start_timeout, log_path)
-        start = time.perf_counter()
-        result = run_bench(
-            url,
-            args.workload,
-            request_rate=args.request_rate,
-            num_requests=args.num_programs,
-            seed=args.seed,
-            max_duration=args.max_duration,
-            workload_options=options,
-        )
-        wall = time.perf_counter() - start
-        health = httpx.get(f"{url}/health", timeout=5).json()["engine"]
-    finally:
-        stop(server)
+class Servers:
+    """One `heddle serve` per configuration, all started before the first run (they start in
+    parallel; an idle server sleeps) and stopped together at the end."""
+
+    def __init__(self, configs: list[str], args: argparse.Namespace) -> None:
+        self.urls: dict[str, str] = {}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        logs: list[tuple[subprocess.Popen[bytes], str, Path]] = []
+        try:
+            for config in configs:
+                port = free_port()
+                log_path = Path(tempfile.gettempdir()) / f"agents-serve-{port}.log"
+                with log_path.open("wb") as log:
+                    server = start_server(config, args, port, log)
+                self.procs.append(server)
+                self.urls[config] = f"http://127.0.0.1:{port}"
+                logs.append((server, self.urls[config], log_path))
+            start = time.monotonic()
+            for server, url, log_path in logs:
+                wait_healthy(server, url, args.start_timeout - (time.monotonic() - start),
+                             log_path)
+            print(f"# {len(configs)} servers healthy after {time.monotonic() - start:.0f} s",
+                  flush=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for server in self.procs:
+            stop(server)
+
+
+def run_config(
+    config: str, url: str, seed: int, args: argparse.Namespace, options: dict[str, Any]
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    result = run_bench(
+        url,
+        args.workload,
+        request_rate=args.request_rate,
+        num_requests=args.num_programs,
+        seed=seed,
+        max_duration=args.max_duration,
+        workload_options=options,
+    )
+    wall = time.perf_counter() - start
+    leaked, health = leak_check(url, session_ids(args.workload, seed, args, options))
     programs = result.programs
     assert programs is not None
     return {
         "config": config,
+        "seed": seed,
         "programs": programs.to_dict(),
         "errors": len(result.errors),
         "error_samples": sorted(set(result.errors.values()))[:3],
         "wall_seconds": wall,
-        "kv_blocks_used_at_end": health.get("kv_blocks_used"),
+        "kv_blocks_used_at_end": leaked,
+        "engine_at_end": health,
     }
+
+
+def session_ids(
+    workload: str, seed: int, args: argparse.Namespace, options: dict[str, Any]
+) -> list[str]:
+    """Every program's and sub-agent's session id (the load client uses the program id)."""
+    from heddle.workloads import get_workload
+
+    programs = get_workload(
+        workload, seed=seed, num_requests=args.num_programs, rate=args.request_rate,
+        **options,
+    ).programs
+    ids: list[str] = []
+    stack = list(programs)
+    while stack:
+        program = stack.pop()
+        ids.append(program.program_id)
+        stack.extend(child for call in program.calls for child in call.subagents)
+    return ids
+
+
+def leak_check(url: str, sessions: list[str], timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
+    """KV blocks still held once the run is over: closes every session the run may have left
+    open (a program cut by --max-duration; 404 for those its last turn closed), waits for the
+    engine to be idle and returns its used blocks (0: nothing leaked) and its last stats.
+    Blocks the prefix cache still holds for reuse are free, not used."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        for session in sessions:
+            answer = client.delete(f"/v1/sessions/{session}")
+            if answer.status_code not in (200, 404):
+                raise SystemExit(f"DELETE /v1/sessions/{session}: {answer.status_code} "
+                                 f"{answer.text[:200]}")
+        deadline = time.monotonic() + timeout
+        while True:
+            engine = client.get("/health").json()["engine"]
+            idle = not engine["num_running"] and not engine["num_waiting"]
+            if (idle and not engine["kv_blocks_used"]) or time.monotonic() > deadline:
+                return int(engine["kv_blocks_used"]), engine
+            time.sleep(0.2)
 
 
 def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def report(row: dict[str, Any]) -> str:
+    p = row["programs"]
+    c, t = p["completion_time"], p["turn_ttft"]
+    return (
+        f"{row['config']} (repeat {row['repeat']}): programs {p['num_completed']}/"
+        f"{p['num_programs']} (failed {p['num_failed']}, errors {row['errors']}); completion "
+        f"mean {_f(c['mean'])} s, p50 {_f(c['p50'])}, p95 {_f(c['p95'])}; turn TTFT mean "
+        f"{_f(t['mean'], 3)} s, p95 {_f(t['p95'], 3)}; {p['program_throughput']:.3f} programs/s;"
+        f" cached {_f(p['cache_hit_rate'], 3)}; {row['wall_seconds']:.0f} s; leaked KV blocks "
+        f"{row['kv_blocks_used_at_end']}"
+    )
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """Per configuration the median over repeats of mean and p95 completion time, and the
+    ratios of the first configuration's to each other's, per repeat and of the medians."""
+    configs = list(dict.fromkeys(row["config"] for row in rows))
+    by: dict[str, list[dict[str, Any]]] = {c: [r for r in rows if r["config"] == c] for c in configs}
+
+    def stat(row: dict[str, Any], name: str) -> float | None:
+        value = row["programs"]["completion_time"][name]
+        return float(value) if value else None
+
+    lines = []
+    for config in configs:
+        means = [m for r in by[config] if (m := stat(r, "mean")) is not None]
+        p95s = [m for r in by[config] if (m := stat(r, "p95")) is not None]
+        if means and p95s:
+            lines.append(f"{config}: median over {len(means)} repeats: mean "
+                         f"{statistics.median(means):.2f} s, p95 {statistics.median(p95s):.2f} s")
+    base = configs[0]
+    for config in configs[1:]:
+        per = []
+        for a, b in zip(by[base], by[config], strict=False):
+            ma, mb, pa, pb = stat(a, "mean"), stat(b, "mean"), stat(a, "p95"), stat(b, "p95")
+            if ma and mb and pa and pb:
+                per.append((ma / mb, pa / pb))
+        if per:
+            lines.append(
+                f"{base} / {config}: mean {statistics.median(m for m, _ in per):.2f}x, p95 "
+                f"{statistics.median(p for _, p in per):.2f}x (median of {len(per)} side-by-side"
+                f" repeats: {', '.join(f'{m:.2f}x' for m, _ in per)})"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="agent-bfcl")
-    parser.add_argument("--configs", default="fcfs:lru,plas:cost")
-    parser.add_argument("--request-rate", type=float, default=0.5, help="programs/s")
+    parser.add_argument("--workload", default="agent-swe")
+    parser.add_argument("--configs", default="fcfs:lru,plas:cost+tier")
+    parser.add_argument("--request-rate", type=float, default=0.2, help="programs/s")
     parser.add_argument("--num-programs", type=int, default=12)
-    parser.add_argument("--num-blocks", type=int, default=96)
+    parser.add_argument("--num-blocks", type=int, default=192)
     parser.add_argument("--max-num-seqs", type=int, default=8)
-    parser.add_argument("--offload-blocks", type=int, default=0)
+    parser.add_argument("--offload-blocks", type=int, default=1024)
+    parser.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every configuration, alternated side by side")
     parser.add_argument("--max-duration", type=float, default=150.0, help="seconds per config")
     parser.add_argument("--start-timeout", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -151,35 +273,37 @@ def main() -> None:
         except json.JSONDecodeError:
             options[key] = value
     print(f"# {' '.join(sys.argv)}\n# machine: {machine()}", flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     out = Path(args.output_dir) if args.output_dir else None
-    for config in args.configs.split(","):
-        row = run_config(config, args, options)
-        rows.append(row)
-        if out is not None:  # after each configuration: a run cut short keeps what it has
-            out.mkdir(parents=True, exist_ok=True)
-            data = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
-            (out / f"agents-serve-{args.workload}.json").write_text(json.dumps(data, indent=1))
-        p = row["programs"]
-        c, t = p["completion_time"], p["turn_ttft"]
-        print(f"{config}: programs {p['num_completed']}/{p['num_programs']} (failed "
-              f"{p['num_failed']}, errors {row['errors']}); completion mean {_f(c['mean'])} s, "
-              f"p50 {_f(c['p50'])}, p95 {_f(c['p95'])}; turn TTFT mean {_f(t['mean'], 3)} s, "
-              f"p95 {_f(t['p95'], 3)}; {p['program_throughput']:.3f} programs/s; cached "
-              f"{_f(p['cache_hit_rate'], 3)}; {row['wall_seconds']:.0f} s; KV blocks used "
-              f"after: {row['kv_blocks_used_at_end']} (parked until their pin or TTL)",
-              flush=True)
-    base = rows[0]["programs"]["completion_time"]
-    for row in rows[1:]:
-        c = row["programs"]["completion_time"]
-        if not (base["mean"] and c["mean"] and base["p95"] and c["p95"]):
-            continue
-        print(f"{rows[0]['config']} / {row['config']}: mean {base['mean'] / c['mean']:.2f}x, "
-              f"p95 {base['p95'] / c['p95']:.2f}x")
+    configs = args.configs.split(",")
+    servers = Servers(configs, args)
+    try:
+        # Repeat r runs every configuration on the workload drawn with seed + r, one after the
+        # other, on the same servers (a closed session's id may be used again).
+        for repeat in range(args.repeats):
+            for config in configs:
+                row = run_config(config, servers.urls[config], args.seed + repeat, args, options)
+                row["repeat"] = repeat
+                rows.append(row)
+                if out is not None:  # after each run: a run cut short keeps what it has
+                    out.mkdir(parents=True, exist_ok=True)
+                    data = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
+                    path = out / f"agents-serve-{args.workload}.json"
+                    path.write_text(json.dumps(data, indent=1))
+                print(report(row), flush=True)
+    finally:
+        servers.stop()
+    for line in ratios(rows):
+        print(line)
     for row in rows:
         if row["errors"] or row["programs"]["num_failed"]:
             print(f"warning: {row['config']}: {row['errors']} errors, "
                   f"{row['programs']['num_failed']} failed programs")
+    leaked = [row for row in rows if row["kv_blocks_used_at_end"]]
+    print(f"leaked KV blocks after every run: "
+          f"{'none' if not leaked else ', '.join(str(r['kv_blocks_used_at_end']) for r in leaked)}")
+    if leaked:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ class Point:
     steady_p95: float = math.nan
     tier: dict[str, float] = field(default_factory=dict)  # second-tier counters (+tier)
     offload_blocks: int = 0
+    leaked_blocks: int = -1  # KV blocks still held after the run (checked: must be 0)
+    leaked_tier_slots: int = -1  # second-tier slots still held after the run
 
 
 class SamplingExecutor:
@@ -198,13 +200,16 @@ def run_point(
     start = time.perf_counter()
     result = replay(engine, workload, vocab_size=vocab_size)  # ends with check_integrity
     wall = time.perf_counter() - start
-    if engine.kv_cache.num_used_blocks:
-        raise AssertionError(f"{engine.kv_cache.num_used_blocks} blocks leaked")
+    # Leaks: once every program has ended (and replay has released what was still parked), no
+    # block of the pool and no slot of the second tier may still be held.
     tier = engine.scheduler.sessions.tier
+    leaked_blocks = engine.kv_cache.num_used_blocks
+    leaked_slots = tier.num_used_slots if tier is not None else 0
+    if leaked_blocks or leaked_slots:
+        raise AssertionError(f"{leaked_blocks} KV blocks and {leaked_slots} second-tier slots "
+                             "leaked")
     tier_stats: dict[str, float] = {}
     if tier is not None:
-        if tier.num_used_slots:
-            raise AssertionError(f"{tier.num_used_slots} second-tier slots leaked")
         tier_stats = {k: float(v) for k, v in asdict(tier.stats).items()}
         tier_stats["copy_seconds"] = float(
             getattr(executor.inner, "tier_seconds", 0.0)
@@ -249,6 +254,8 @@ def run_point(
         steady_p95=_pct(steady, 95),
         tier=tier_stats,
         offload_blocks=offload,
+        leaked_blocks=leaked_blocks,
+        leaked_tier_slots=leaked_slots,
     )
 
 
@@ -498,7 +505,8 @@ def main() -> None:
                     print(table([point]).splitlines()[-1], f"seed {seed}",
                           f"steady {point.steady_mean:.1f}/{point.steady_p95:.1f} "
                           f"({point.steady_programs})", f"({point.wall_seconds:.0f} s)",
-                          flush=True)
+                          f"leaked blocks {point.leaked_blocks}, tier slots "
+                          f"{point.leaked_tier_slots}", flush=True)
                 points.extend(group)
                 if out_dir is not None:
                     name = f"parked-{args.mode}-{workload}-{load:g}-s{seed}{args.tag}.png"
