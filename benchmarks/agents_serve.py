@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -276,6 +277,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     out = Path(args.output_dir) if args.output_dir else None
     configs = args.configs.split(",")
+    # A timeout's SIGTERM ends the run through `finally`: the servers are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = Servers(configs, args)
     try:
         # Repeat r runs every configuration on the workload drawn with seed + r, one after the
