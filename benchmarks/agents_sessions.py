@@ -16,6 +16,8 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
         --seeds 1 --configs fcfs:lru,fcfs:ttl,fcfs:cost+tier --offload-blocks 32000 \
         --output-dir results/agents-steady --tag _0.3-n180-s1   # cost + the second tier
     python benchmarks/agents_sessions.py summarize results/agents-steady/agents-sim_*.json
+    python benchmarks/agents_sessions.py by-seed results/swe-scan/agents-sim_*.json  # per seed,
+        # growth from 180 to 360 programs (steadiness) and ratios against fcfs+lru
 
 Per point: program completion time (mean, p50, p95), per-call TTFT (mean, p95), program
 throughput, tokens computed and recomputed (computed beyond what the programs' new tokens need:
@@ -450,9 +452,92 @@ def summarize(paths: list[str]) -> str:
     return "\n".join(lines)
 
 
+GROWTH_STEADY = 1.10  # a mean that grows more than this from one horizon to twice it: unsteady
+
+
+def _pool(data: dict[str, Any]) -> int:
+    """The KV pool of a run (blocks), read from its setup line."""
+    words = data["setup"].split()
+    return int(words[words.index("KV") - 1]) if "KV" in words else 0
+
+
+def by_seed(paths: list[str], base: str = "fcfs+lru") -> str:
+    """Per workload, load, pool and seed: each configuration's mean program completion time at
+    each run length, its growth from the shortest to the longest (a queue that grows with the
+    run: not steady, marked *), and the ratio of `base` to each other configuration at the
+    longest run length; then per (workload, load, pool, length) the ratios' median and range
+    over seeds, counting only the seeds where both configurations are steady."""
+    runs: dict[tuple[str, float, int, int], dict[str, dict[int, float]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for point in data["points"]:
+            key = (point["workload"], point["load"], _pool(data), point["seed"])
+            config = f"{point['policy']}+{point['retention']}"
+            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point[
+                "pct_mean"
+            ]
+
+    def growth(by_n: dict[int, float]) -> float | None:
+        ns = sorted(by_n)
+        return by_n[ns[-1]] / by_n[ns[0]] if len(ns) > 1 else None
+
+    configs = sorted({c for r in runs.values() for c in r}, key=lambda c: (c != base, c))
+    lines = [
+        "| workload | load | pool | seed | " + " | ".join(configs) + " | "
+        + " | ".join(f"{base} / {c}" for c in configs if c != base) + " |",
+        "|---" * (4 + 2 * len(configs) - 1) + "|",
+    ]
+    verdicts: dict[tuple[str, float, int, str], list[tuple[float, bool]]] = {}
+    for (workload, load, pool, seed), by_config in sorted(runs.items()):
+        cells = []
+        for config in configs:
+            by_n = by_config.get(config, {})
+            g = growth(by_n)
+            text = " / ".join(f"{by_n[n]:.1f}" for n in sorted(by_n)) or "-"
+            if g is not None:
+                text += f" (x{g:.2f}{'*' if g > GROWTH_STEADY else ''})"
+            cells.append(text)
+        ratio_cells = []
+        b = by_config.get(base, {})
+        for config in configs:
+            if config == base:
+                continue
+            c = by_config.get(config, {})
+            common = sorted(set(b) & set(c))
+            if not common:
+                ratio_cells.append("-")
+                continue
+            n = common[-1]
+            gb, gc = growth(b), growth(c)
+            steady = gb is not None and gc is not None and max(gb, gc) <= GROWTH_STEADY
+            ratio = b[n] / c[n]
+            ratio_cells.append(f"{ratio:.2f}x{'' if steady else '*'}")
+            verdicts.setdefault((workload, load, pool, config), []).append((ratio, steady))
+        lines.append(f"| {workload} | {load:g} | {pool} | {seed} | " + " | ".join(cells) + " | "
+                     + " | ".join(ratio_cells) + " |")
+    lines += ["", f"| workload | load | pool | {base} / config | seeds | ratio median (range) "
+              "| steady seeds: median (range) |", "|---|---|---|---|---|---|---|"]
+    for (workload, load, pool, config), values in sorted(verdicts.items()):
+        all_r = [r for r, _ in values]
+        steady_r = [r for r, st in values if st]
+        st = (f"{len(steady_r)}: {statistics.median(steady_r):.2f}x ({min(steady_r):.2f}-"
+              f"{max(steady_r):.2f})" if steady_r else "0")
+        lines.append(f"| {workload} | {load:g} | {pool} | {config} | {len(all_r)} | "
+                     f"{statistics.median(all_r):.2f}x ({min(all_r):.2f}-{max(all_r):.2f}) "
+                     f"| {st} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "summarize":
         print(summarize(sys.argv[2:]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "by-seed":  # by-seed [--base CONFIG] FILES
+        rest = sys.argv[2:]
+        if rest[:1] == ["--base"]:
+            print(by_seed(rest[2:], base=rest[1]))
+        else:
+            print(by_seed(rest))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("sim", "real"))
