@@ -40,3 +40,36 @@ def test_sim_points_with_the_second_tier(tmp_path, monkeypatch):
     tiered = [p for p in points if p["retention"] == "cost+tier"]
     assert all(p["offload_blocks"] == 400 for p in tiered)
     assert all("blocks_offloaded" in p["tier"] for p in tiered)
+    assert all(p["leaked_blocks"] == 0 and p["leaked_tier_slots"] == 0 for p in points)
+
+
+def _run_file(path, seed, n, means):
+    points = [
+        {"workload": "agent-swe", "load": 0.3, "seed": seed, "num_programs": n,
+         "policy": "fcfs", "retention": retention, "pct_mean": mean}
+        for retention, mean in means.items()
+    ]
+    setup = "simulator: llama-3.1-8b on one h100 (roofline), 8000 KV blocks of 16 tokens"
+    path.write_text(json.dumps({"setup": setup, "points": points}))
+    return str(path)
+
+
+def test_by_seed_marks_growth_and_counts_only_steady_seeds(tmp_path):
+    import agents_sessions
+
+    files = [
+        # seed 0: lru grows 1.5x from 180 to 360 programs (a queue that grows: not steady)
+        _run_file(tmp_path / "a.json", 0, 180, {"lru": 100.0, "cost+tier": 50.0}),
+        _run_file(tmp_path / "b.json", 0, 360, {"lru": 150.0, "cost+tier": 52.0}),
+        # seed 1: both steady
+        _run_file(tmp_path / "c.json", 1, 180, {"lru": 60.0, "cost+tier": 40.0}),
+        _run_file(tmp_path / "d.json", 1, 360, {"lru": 63.0, "cost+tier": 42.0}),
+    ]
+    text = agents_sessions.by_seed(files)
+    rows = {line.split("|")[4].strip(): line for line in text.splitlines()
+            if line.startswith("| agent-swe | 0.3 | 8000 | ")}
+    assert "100.0 / 150.0 (x1.50*)" in rows["0"]
+    assert "2.88x*" in rows["0"]  # 150 / 52 at 360 programs, not a steady verdict
+    assert "1.50x" in rows["1"] and "1.50x*" not in rows["1"]  # 63 / 42
+    summary = [line for line in text.splitlines() if "fcfs+cost+tier | 2 |" in line]
+    assert summary and "1: 1.50x (1.50-1.50)" in summary[0]
