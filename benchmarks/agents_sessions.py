@@ -84,6 +84,8 @@ class Point:
     steady_p95: float = math.nan
     tier: dict[str, float] = field(default_factory=dict)  # second-tier counters (+tier)
     offload_blocks: int = 0
+    # (time, share of the pool used, requests waiting, requests running), ~400 samples
+    queue_series: list[tuple[float, float, int, int]] = field(default_factory=list)
     leaked_blocks: int = -1  # KV blocks still held after the run (checked: must be 0)
     leaked_tier_slots: int = -1  # second-tier slots still held after the run
 
@@ -96,7 +98,8 @@ class SamplingExecutor:
         self.clock = clock
         self.cost_model = getattr(inner, "cost_model", None)  # heddle.sessions' recompute costs
         self.engine: Engine | None = None
-        self.samples: list[tuple[float, int, int]] = []  # (time, parked blocks, used blocks)
+        # (time, parked blocks, used blocks, requests waiting, requests running)
+        self.samples: list[tuple[float, int, int, int, int]] = []
         self.tokens_computed = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -106,8 +109,9 @@ class SamplingExecutor:
         output = self.inner.execute(scheduler_output)
         self.tokens_computed += scheduler_output.num_scheduled_tokens
         if self.engine is not None:
-            kv = self.engine.kv_cache
-            self.samples.append((self.clock.now(), kv.num_parked_blocks, kv.num_used_blocks))
+            kv, scheduler = self.engine.kv_cache, self.engine.scheduler
+            self.samples.append((self.clock.now(), kv.num_parked_blocks, kv.num_used_blocks,
+                                 len(scheduler.waiting), len(scheduler.running)))
         return output
 
 
@@ -245,11 +249,12 @@ def run_point(
         tokens_computed=executor.tokens_computed,
         tokens_recomputed=executor.tokens_computed - minimum,
         preemptions=result.num_preemptions,
-        kv_used_mean=statistics.fmean(u for _, _, u in samples) / num_blocks if samples else 0,
-        parked_mean=statistics.fmean(p for _, p, _ in samples) / num_blocks if samples else 0,
+        kv_used_mean=statistics.fmean(s[2] for s in samples) / num_blocks if samples else 0,
+        parked_mean=statistics.fmean(s[1] for s in samples) / num_blocks if samples else 0,
         sessions=asdict(stats),
         wall_seconds=wall,
-        parked_series=[(t - t0, p / num_blocks) for t, p, _ in samples[::step]],
+        parked_series=[(s[0] - t0, s[1] / num_blocks) for s in samples[::step]],
+        queue_series=[(s[0] - t0, s[2] / num_blocks, s[3], s[4]) for s in samples[::step]],
         seed=args.seed,
         steady_programs=len(steady),
         steady_mean=statistics.fmean(steady) if steady else math.nan,
