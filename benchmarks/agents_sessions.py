@@ -18,6 +18,7 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
     python benchmarks/agents_sessions.py summarize results/agents-steady/agents-sim_*.json
     python benchmarks/agents_sessions.py by-seed results/swe-scan/agents-sim_*.json  # per seed,
         # growth from 180 to 360 programs (steadiness) and ratios against fcfs+lru
+    python benchmarks/agents_sessions.py workload-stats --load 0.35   # what each seed offers
 
 Per point: program completion time (mean, p50, p95), per-call TTFT (mean, p95), program
 throughput, tokens computed and recomputed (computed beyond what the programs' new tokens need:
@@ -533,7 +534,55 @@ def by_seed(paths: list[str], base: str = "fcfs+lru") -> str:
     return "\n".join(lines)
 
 
+def workload_stats(argv: list[str]) -> str:
+    """What each seed's draw of a workload offers: the realized arrival rate, the programs'
+    final contexts (mean, p95, how many exceed a quarter of the pool) and the context the programs
+    carry summed over their calls (each call's prompt + output: the KV a call holds, or what an
+    evicted call recomputes), times the realized rate: the KV work offered per second."""
+    parser = argparse.ArgumentParser(prog="agents_sessions.py workload-stats")
+    parser.add_argument("--workload", default="agent-swe")
+    parser.add_argument("--load", type=float, required=True)
+    parser.add_argument("--num-programs", default="180,360")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--num-blocks", type=int, default=8000)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args(argv)
+    quarter_pool = args.num_blocks * args.block_size // 4
+    lines = [
+        f"| programs | seed | realized programs/s | final context mean | p95 | max | > {quarter_pool} "
+        "| context over calls (k tokens / program) | offered (k context tokens / s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in (int(x) for x in args.num_programs.split(",")):
+        for seed in (int(x) for x in args.seeds.split(",")):
+            programs = get_workload(args.workload, seed=seed, num_requests=n, rate=args.load,
+                                    **parse_options(args.workload_option)).programs
+            finals, carried = [], []
+            for program in programs:
+                context = total = 0
+                for call in program.calls:
+                    context += call.prompt_extra_len + call.output_len
+                    total += context
+                finals.append(context)
+                carried.append(total)
+            arrivals = sorted(p.arrival_time for p in programs)
+            rate = (n - 1) / (arrivals[-1] - arrivals[0])
+            finals.sort()
+            lines.append(
+                f"| {n} | {seed} | {rate:.3f} | {statistics.fmean(finals):,.0f} "
+                f"| {_pct(finals, 95):,.0f} | {finals[-1]:,} "
+                f"| {sum(1 for c in finals if c > quarter_pool)} "
+                f"| {statistics.fmean(carried) / 1e3:.0f} "
+                f"| {rate * statistics.fmean(carried) / 1e3:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "workload-stats":
+        print(workload_stats(sys.argv[2:]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "summarize":
         print(summarize(sys.argv[2:]))
         return
