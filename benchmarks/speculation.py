@@ -45,6 +45,7 @@ from typing import Any
 from heddle.clock import VirtualClock
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from heddle.engine.engine import Engine
+from heddle.hostinfo import cpuinfo
 from heddle.request import SamplingParams
 
 
@@ -234,109 +235,205 @@ def crossover(rows: list[dict[str, Any]], mode: str) -> float | None:
     return math.inf
 
 
-def run_real(args: argparse.Namespace) -> dict[str, Any]:
+def lookup_stats(prompts: list[list[int]], outputs: dict[str, list[int]], k: int,
+                 prefix: str = "") -> dict[str, float]:
+    """How often prompt lookup proposes along the greedy outputs, and how much of it matches:
+    at each output position, the proposal on the tokens known there against the tokens that
+    did follow (what verification would accept)."""
+    from heddle.spec.ngram import NgramProposer
+
+    proposer = NgramProposer(2, 4)
+    positions = proposed = matched = drafted = 0
+    for i, prompt in enumerate(prompts):
+        output = outputs[f"{prefix}{i}"]
+        known = list(prompt)
+        for j, token in enumerate(output):
+            drafts = proposer.propose(str(i), known, k)
+            positions += 1
+            if drafts:
+                proposed += 1
+                drafted += len(drafts)
+                follow = output[j : j + len(drafts)]
+                matched += next((m for m, (a, b) in enumerate(zip(drafts, follow, strict=False))
+                                 if a != b), min(len(drafts), len(follow)))
+            known.append(token)
+    return {"positions": positions, "proposal_rate": proposed / positions if positions else 0.0,
+            "matched_per_proposal": matched / proposed if proposed else 0.0,
+            "matched_of_drafted": matched / drafted if drafted else 0.0}
+
+
+def real_engine(args: argparse.Namespace) -> tuple[Any, Any, CacheConfig]:
     from heddle.model.executor import ModelExecutor
     from heddle.model.step_log import StepRecorder
-    from heddle.sim.profiled import fit_profile
 
-    model_config = EngineConfig().model
     cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
-    model_executor = ModelExecutor(model_config, cache)
-    executor = StepRecorder(model_executor)
+    model_executor = ModelExecutor(EngineConfig().model, cache)
+    return model_executor, StepRecorder(model_executor), cache
+
+
+def make_engine(executor: Any, model_executor: Any, cache: CacheConfig, budget: int,
+                seats: int, spec: SpeculativeConfig) -> Engine:
+    config = EngineConfig(cache=cache, scheduler=SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=seats, speculation=spec))
+    return Engine(config, executor, num_blocks=model_executor.num_blocks,
+                  tokenizer=model_executor.tokenizer, eos_token_id=model_executor.eos_token_id,
+                  max_model_len=model_executor.max_model_len,
+                  vocab_size=model_executor.model_shape.vocab_size, record_steps=False)
+
+
+def run_real(args: argparse.Namespace) -> dict[str, Any]:
+    from heddle.model.step_log import save_steps
+
+    model_executor, executor, cache = real_engine(args)
     tokenizer = model_executor.tokenizer
     assert tokenizer is not None
     rows: list[dict[str, Any]] = []
-    mismatches = 0
+    mismatches = compared = 0
     per_request: list[list[int]] = []
     offers = proposals = 0
     lengths: dict[int, list[int]] = {}
+    lookup: dict[int, dict[str, float]] = {}
+    prompt_lens: dict[int, list[int]] = {}
+    configs = speculation_configs("ngram", args.k)
     # Untimed warm-up of every mode (kernels built, caches touched); its steps are not fitted.
     warm = real_prompts(tokenizer, args.workload, 2)
-    for (name, spec), seats in itertools.product(speculation_configs("ngram", args.k).items(),
-                                                 (1, 2)):
-        config = EngineConfig(cache=cache, scheduler=SchedulerConfig(
-            max_num_batched_tokens=args.budget, max_num_seqs=seats, speculation=spec))
-        engine = Engine(config, executor, num_blocks=cache.num_blocks, tokenizer=tokenizer,
-                        eos_token_id=model_executor.eos_token_id,
-                        max_model_len=model_executor.max_model_len,
-                        vocab_size=model_executor.model_shape.vocab_size, record_steps=False)
-        closed_loop(engine, warm, SamplingParams(temperature=0.0, max_tokens=16), seats,
+    for (name, spec), seats in itertools.product(configs.items(), (1, 2)):
+        engine = make_engine(executor, model_executor, cache, args.budget, seats, spec)
+        closed_loop(engine, warm, SamplingParams(temperature=0.0, max_tokens=args.warmup_tokens),
+                    seats,
                     time.perf_counter, prefix=f"warm-{name}-{seats}-")
     executor.steps.clear()
+    executor.gaps.clear()
     started = time.perf_counter()
     for streams in args.streams:
         num = max(args.requests, args.per_stream * streams)
         prompts = real_prompts(tokenizer, args.workload, num)
         params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
         reference: dict[str, list[int]] | None = None
-        for name, spec in speculation_configs("ngram", args.k).items():
-            runs = []
-            for repeat in range(args.repeats):
-                config = EngineConfig(
-                    cache=cache,
-                    scheduler=SchedulerConfig(max_num_batched_tokens=args.budget,
-                                              max_num_seqs=max(streams, 1), speculation=spec),
-                )
-                engine = Engine(config, executor, num_blocks=cache.num_blocks,
-                                tokenizer=tokenizer, eos_token_id=model_executor.eos_token_id,
-                                max_model_len=model_executor.max_model_len,
-                                vocab_size=model_executor.model_shape.vocab_size,
-                                record_steps=False)
-                runs.append(closed_loop(engine, prompts, params, streams, time.perf_counter,
-                                        prefix=f"{streams}-{name}-{repeat}-"))
-            outputs = runs[0].pop("outputs")
-            if name.startswith("fixed"):
-                per_request += runs[0]["per_request"]
-                offers += runs[0]["offers"]
-                proposals += runs[0]["proposals"]
-            for r in runs:
-                r.pop("per_request")
-            for r in runs[1:]:
-                r.pop("outputs")
-            if reference is None:
-                reference = outputs
-                lengths[streams] = [len(outputs[str(i)]) for i in range(num)]
-            elif outputs != reference:
-                mismatches += sum(outputs[k] != reference[k] for k in reference)
-            best = statistics.median(r["tokens_per_second"] for r in runs)
-            rows.append({"streams": streams, "mode": name, **runs[0],
-                         "tokens_per_second": best,
-                         "tokens_per_second_runs": [r["tokens_per_second"] for r in runs]})
-            print(f"  streams={streams} {name}: {best:.1f} tok/s "
-                  f"({time.perf_counter() - started:.0f} s so far)", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+        # Interleaved: off, fixed, adaptive, off, fixed, ... so that the machine's drift over
+        # the run lands on every mode alike; the verdicts are medians of the paired ratios.
+        for repeat in range(args.repeats):
+            for name, spec in configs.items():
+                engine = make_engine(executor, model_executor, cache, args.budget,
+                                     max(streams, 1), spec)
+                run = closed_loop(engine, prompts, params, streams, time.perf_counter,
+                                  prefix=f"{streams}-{name}-{repeat}-")
+                outputs = run.pop("outputs")
+                if reference is None:
+                    reference = outputs
+                    lengths[streams] = [len(outputs[str(i)]) for i in range(num)]
+                    prompt_lens[streams] = [len(prompt) for prompt in prompts]
+                    lookup[streams] = lookup_stats(prompts, outputs, args.k)
+                else:
+                    compared += len(reference)
+                    mismatches += sum(outputs[key] != reference[key] for key in reference)
+                if name.startswith("fixed") and repeat == 0:
+                    per_request += run["per_request"]
+                    offers += run["offers"]
+                    proposals += run["proposals"]
+                run.pop("per_request")
+                runs[name].append(run)
+                print(f"  streams={streams} {name} #{repeat}: {run['tokens_per_second']:.1f} "
+                      f"tok/s ({time.perf_counter() - started:.0f} s so far)", flush=True)
+        off = [r["tokens_per_second"] for r in runs["off"]]
+        for name, mode_runs in runs.items():
+            values = [r["tokens_per_second"] for r in mode_runs]
+            rows.append({"streams": streams, "mode": name, **mode_runs[0],
+                         "tokens_per_second": statistics.median(values),
+                         "tokens_per_second_runs": values,
+                         "ratio_to_off_runs": [v / o for v, o in zip(values, off, strict=True)],
+                         "ratio_to_off": statistics.median(
+                             v / o for v, o in zip(values, off, strict=True))})
         # What is measured so far survives a run cut short (a bench slot's end).
-        partial = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
         Path("results").mkdir(exist_ok=True)
-        Path(f"results/speculation_real_{args.workload}.partial.json").write_text(
-            json.dumps({"rows": partial, "greedy_mismatches": mismatches,
-                        "per_request": per_request, "offers": offers, "proposals": proposals}))
+        Path(f"results/speculation_real_{args.workload}{args.tag}.partial.json").write_text(
+            json.dumps({"rows": rows, "greedy_mismatches": mismatches, "compared": compared,
+                        "per_request": per_request, "offers": offers, "proposals": proposals,
+                        "lookup": lookup}))
     fitted = fit_acceptance(per_request)
     fitted["proposal_rate"] = proposals / offers if offers else 0.0
-    # The simulator fitted to these runs: their steps' cost, their acceptance.
-    cost = fit_profile(executor.steps, model=model_executor.model_name, held_out=0.25)
+    steps_path = f"results/speculation_real_{args.workload}{args.tag}.steps.json"
+    save_steps(steps_path, executor.steps, {"model": model_executor.model_name,
+                                            "quantization": model_executor.quantization})
+    return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
+            "output_len": args.output_len, "repeats": args.repeats,
+            "greedy_mismatches": mismatches, "greedy_compared": compared,
+            "lookup": lookup, "fitted": fitted, "lengths": lengths, "prompt_lens": prompt_lens,
+            "vocab_size": model_executor.model_shape.vocab_size, "steps_log": steps_path,
+            "quantization": model_executor.quantization,
+            "crossover_measured": crossover(rows, f"fixed-k{args.k}"),
+            "wall_seconds": time.perf_counter() - started}
+
+
+def run_fit(args: argparse.Namespace) -> dict[str, Any]:
+    """The simulator fitted to a real run (its saved result and step log): a profiled cost
+    model on the logged steps, the acceptance measured in its fixed-K runs; the same closed
+    loop at `--sim-streams` in the simulator. Virtual clock: run it under `cpu`, not bench."""
+    from heddle.model.step_log import load_steps
+    from heddle.sim.profiled import fit_profile
+
+    name = f"results/speculation_real_{args.workload}{args.tag}.json"
+    result = json.loads(Path(name).read_text())
+    steps, metadata = load_steps(result["steps_log"])
+    cost = fit_profile(steps, model=metadata.get("model", "smollm2-135m"), held_out=0.25)
+    fitted = result["fitted"]
+    lengths = {int(s): v for s, v in result["lengths"].items()}
+    prompt_lens = {int(s): v for s, v in result["prompt_lens"].items()}
     sim: list[dict[str, Any]] = []
-    vocab = model_executor.model_shape.vocab_size
     for streams in args.sim_streams:
         num = max(args.requests, args.per_stream * streams)
-        prompts = real_prompts(tokenizer, args.workload, num)
+        # The simulator reads only a prompt's length: the real prompts' lengths, in order.
+        lens = prompt_lens.get(streams) or prompt_lens[max(prompt_lens)]
+        prompts = [[1 + i % 1000] * lens[i % len(lens)] for i in range(num)]
         known = lengths.get(streams) or lengths[max(lengths)]
         # Each request's output length as the run without speculation gave it (EOS included).
         params = [SamplingParams(temperature=0.0, max_tokens=max(1, known[i % len(known)]),
                                  ignore_eos=True) for i in range(num)]
-        sim += sim_rows(cost, vocab, cache.num_blocks, args.budget, cache.block_size, streams,
-                        prompts, params, args.k, fitted["acceptance"], fitted["spread"],
+        sim += sim_rows(cost, result["vocab_size"], args.num_blocks, args.budget, 16, streams,
+                        prompts, params, result["k"], fitted["acceptance"], fitted["spread"],
                         fitted["proposal_rate"])
-    fixed = f"fixed-k{args.k}"
     fit = cost.metadata.fit if cost.metadata is not None else None
-    return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
-            "greedy_mismatches": mismatches, "fitted": fitted,
-            "cost_fit": None if fit is None else {
-                "steps": fit.num_samples, "median_abs_error": fit.median_abs_relative_error,
-                "held_out_median_abs": fit.held_out_median_abs},
-            "sim_rows": sim,
-            "crossover_measured": crossover(rows, fixed),
-            "crossover_simulated": crossover(sim, fixed),
-            "wall_seconds": time.perf_counter() - started}
+    result.update({
+        "sim_rows": sim,
+        "cost_fit": None if fit is None else {
+            "steps": fit.num_samples, "median_abs_error": fit.median_abs_relative_error,
+            "held_out_median_abs": fit.held_out_median_abs},
+        "crossover_simulated": crossover(sim, f"fixed-k{result['k']}"),
+    })
+    return result
+
+
+def run_invariance(args: argparse.Namespace) -> dict[str, Any]:
+    """Is greedy decoding batch-invariant on this path? The same prompts run one at a time and
+    all at once (`--batch` seats), with speculation off and with fixed K: outputs that differ
+    between the two runs of one mode, and between off and fixed K at each batch size."""
+    model_executor, executor, cache = real_engine(args)
+    tokenizer = model_executor.tokenizer
+    assert tokenizer is not None
+    prompts = real_prompts(tokenizer, args.workload, args.batch)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
+    outputs: dict[str, dict[str, list[int]]] = {}
+    configs = speculation_configs("ngram", args.k)
+    for name in ("off", f"fixed-k{args.k}"):
+        for seats in (1, args.batch):
+            engine = make_engine(executor, model_executor, cache, args.budget, seats,
+                                 configs[name])
+            outputs[f"{name}/{seats}"] = closed_loop(
+                engine, prompts, params, seats, time.perf_counter, prefix="")["outputs"]
+            print(f"  {name} at {seats} seats done", flush=True)
+
+    def differ(a: str, b: str) -> int:
+        return sum(outputs[a][key] != outputs[b][key] for key in outputs[a])
+
+    fixed, batch = f"fixed-k{args.k}", args.batch
+    return {"mode": "invariance", "workload": args.workload, "prompts": batch,
+            "output_len": args.output_len, "quantization": model_executor.quantization,
+            "off_1_vs_off_batch": differ("off/1", f"off/{batch}"),
+            "fixed_1_vs_fixed_batch": differ(f"{fixed}/1", f"{fixed}/{batch}"),
+            "off_vs_fixed_at_1": differ("off/1", f"{fixed}/1"),
+            "off_vs_fixed_at_batch": differ(f"off/{batch}", f"{fixed}/{batch}"),
+            "rows": []}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -349,10 +446,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         off = by["off"]["tokens_per_second"]
         fixed = next(v for k, v in by.items() if k.startswith("fixed"))
         acc = by["adaptive"]["acceptance"]
+
+        def ratio(row: dict[str, Any], off: float = off) -> float:
+            # Real runs: the median of the ratios paired within each interleaved round.
+            return float(row.get("ratio_to_off", row["tokens_per_second"] / off))
+
         lines.append(
             f"| {streams} | " + " | ".join(f"{by[m]['tokens_per_second']:.1f}" for m in modes)
-            + f" | {by['adaptive']['tokens_per_second'] / off:.3f}"
-            + f" | {fixed['tokens_per_second'] / off:.3f}"
+            + f" | {ratio(by['adaptive']):.3f}"
+            + f" | {ratio(fixed):.3f}"
             + f" | {'-' if acc is None else f'{acc:.2f}'} |"
         )
     return "\n".join(lines)
@@ -364,7 +466,7 @@ def _ints(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=["sim", "real"])
+    parser.add_argument("mode", choices=["sim", "real", "fit", "invariance"])
     parser.add_argument("--streams", type=_ints, default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
     parser.add_argument("--requests", type=int, default=8, help="at least this many requests")
@@ -375,7 +477,12 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=None,
                         help="token budget per step (default: 8192 sim, 512 real)")
     parser.add_argument("--workload", choices=["repetitive", "chat"], default="repetitive")
-    parser.add_argument("--repeats", type=int, default=1, help="real only")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="real: interleaved repeats of every mode (medians reported)")
+    parser.add_argument("--tag", default="", help="real, fit: a suffix of the result files")
+    parser.add_argument("--warmup-tokens", type=int, default=16,
+                        help="real: output tokens of each untimed warm-up request")
+    parser.add_argument("--batch", type=int, default=16, help="invariance: prompts at once")
     parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
     parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
                         help="real: the streams of the simulator fitted to the run")
@@ -389,11 +496,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 8192 if args.mode == "sim" else 512
-    result = run_sim(args) if args.mode == "sim" else run_real(args)
-    cpu = platform.processor() or platform.machine()
-    summary = {k: v for k, v in result.items() if k not in ("rows", "sim_rows")}
-    print(f"\n{args.mode}: {json.dumps(summary)}; host {cpu}")
-    print(table(result["rows"]))
+    run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance}
+    result = run[args.mode](args)
+    model, flags = cpuinfo()
+    summary = {k: v for k, v in result.items()
+               if k not in ("rows", "sim_rows", "lengths", "lookup")}
+    print(f"\n{args.mode}: {json.dumps(summary)}")
+    print(f"host: {model}; {platform.machine()}; flags: {flags}")
+    if result.get("lookup"):
+        print(f"prompt lookup along the outputs: {json.dumps(result['lookup'])}")
+    if result["rows"]:
+        print(table(result["rows"]))
     if result.get("sim_rows"):
         print("\nthe simulator fitted to this run (profiled cost model, acceptance "
               f"{result['fitted']['acceptance']:.3f} +- {result['fitted']['spread']:.3f}, "
@@ -402,7 +515,8 @@ def main() -> None:
         print(f"\nfixed K stops paying at {result['crossover_measured']} streams measured, "
               f"{result['crossover_simulated']} simulated")
     Path("results").mkdir(exist_ok=True)
-    name = args.mode if args.mode == "sim" else f"real_{args.workload}"
+    name = {"sim": "sim", "invariance": f"invariance_{args.workload}"}.get(
+        args.mode, f"real_{args.workload}{args.tag}")
     Path(f"results/speculation_{name}.json").write_text(json.dumps(result, indent=1))
 
 

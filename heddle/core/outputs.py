@@ -103,7 +103,7 @@ class SchedulerOutput:
     num_scheduled_tokens: int = 0
     num_prefill_tokens: int = 0  # tokens of rows that start inside their prompt
     num_decode_tokens: int = 0  # tokens of rows that start past their prompt
-    num_sampled: int = 0  # rows that sample
+    num_sampled: int = 0  # logit rows: one per row that samples, k + 1 for k drafts
     # (new tokens, context length) of each row computing more than one token.
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     num_decode_rows: int = 0  # rows computing exactly one token

@@ -83,7 +83,9 @@ class StepBuilder:
             end += len(drafts)
         so.sample.append(samples)
         if samples:
-            so.num_sampled += 1
+            # A verify row computes logits at its known token and at each draft: k + 1 rows
+            # through the LM head (what a cost model prices).
+            so.num_sampled += 1 + len(drafts) if drafts else 1
         so.num_scheduled_tokens += num
         if start < request.num_prompt_tokens:
             so.num_prefill_tokens += num

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,11 @@ from heddle.spec.rejection import verify
 
 if TYPE_CHECKING:
     from heddle.spec.draft import DraftModelProposer
+
+
+# A verify row longer than this (known tokens + drafts) runs as a prefill chunk: each decode
+# row reads its whole context, so a long chunk is cheaper through SDPA.
+MAX_DECODE_PATH_TOKENS = 17
 
 
 class ModelExecutor:
@@ -90,6 +96,11 @@ class ModelExecutor:
         # Speculation with a draft model (heddle/spec/draft.py, `attach_draft_model`): it fills
         # the draft slots the scheduler granted, in this step, before the forward pass.
         self.draft: DraftModelProposer | None = None
+        # Verify rows through the decode attention (False: as prefill chunks, the path before;
+        # benchmarks/spec_verify_step.py times both).
+        self.verify_on_decode_path = True
+        # ... with the kernels of the step's rows without their drafts (_kernels_without_drafts).
+        self.verify_kernels_as_decode = True
 
     # -- what the engine reads ---------------------------------------------------------------
 
@@ -215,14 +226,19 @@ class ModelExecutor:
         they attend in batched groups of similar length.
         """
         computing = [r for r in rows if r.token_ids]
-        decodes = sorted((r for r in computing if len(r.token_ids) == 1),
+        decodes = sorted((r for r in computing if self._on_decode_path(r)),
                          key=lambda r: r.start_position, reverse=True)
-        prefills = [r for r in computing if len(r.token_ids) > 1]
+        prefills = [r for r in computing if not self._on_decode_path(r)]
         ordered = decodes + prefills
         input_ids = torch.tensor([t for r in ordered for t in r.token_ids], dtype=torch.int64)
+        # A verify row (its known token and k drafts) runs as k + 1 decode rows that share its
+        # block table, query j at position start + j: the decode kernel attends each over its
+        # context up to itself (the step's K/V are stored first), so causal masking falls out
+        # of the context lengths, as for k + 1 requests decoding side by side.
         metadata, positions = build_attention_metadata(
-            decode_positions=[r.start_position for r in decodes],
-            decode_block_tables=[r.state.block_table for r in decodes],
+            decode_positions=[r.start_position + j for r in decodes
+                              for j in range(len(r.token_ids))],
+            decode_block_tables=[r.state.block_table for r in decodes for _ in r.token_ids],
             prefill_starts=[r.start_position for r in prefills],
             prefill_lengths=[len(r.token_ids) for r in prefills],
             prefill_block_tables=[r.state.block_table for r in prefills],
@@ -234,7 +250,10 @@ class ModelExecutor:
             device=self.device,
             decode_kernel=self.model.attention.decode_kernel is not None,
         )
-        hidden = self.model.forward(input_ids.to(self.device), positions, self.kv_caches, metadata)
+        num_drafts = sum(r.num_drafts for r in ordered)
+        with self._kernels_without_drafts(len(input_ids), num_drafts):
+            hidden = self.model.forward(input_ids.to(self.device), positions, self.kv_caches,
+                                        metadata)
         # Logits only for the last token of each request that samples.
         sample_index: list[int] = []
         offset = 0
@@ -245,12 +264,42 @@ class ModelExecutor:
                     sample_index.extend(range(offset - 1 - r.num_drafts, offset))
                 else:
                     sample_index.append(offset - 1)
-        if len(sample_index) == offset:  # every row samples (a decode-only step): no gather
-            logits = self.model.compute_logits(hidden)
-        else:
+        if len(sample_index) != offset:  # not every row samples: gather those that do
             index = torch.tensor(sample_index, dtype=torch.int64, device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, index))
+            hidden = hidden.index_select(0, index)
+        with self._kernels_without_drafts(len(sample_index), num_drafts):
+            logits = self.model.compute_logits(hidden)
         return ordered, logits
+
+    @contextlib.contextmanager
+    def _kernels_without_drafts(self, num_rows: int, num_drafts: int) -> Iterator[None]:
+        """With `verify_kernels_as_decode`, the linears of a step with drafts run the kernels
+        the step would run without them (quantization auto chooses a kernel by the row count:
+        a 1-row decode runs int4, the same row with 4 drafts would run bf16, slower where it
+        streams more weight bytes, and with other rounding: greedy outputs could differ)."""
+        layers = self.model.linears.built
+        if not (num_drafts and self.verify_kernels_as_decode and layers):
+            yield
+            return
+        without = num_rows - num_drafts
+        raised = [(layer, layer.max_rows) for layer in layers
+                  if layer.small is not None and layer.large is not None
+                  and without <= layer.max_rows < num_rows]
+        for layer, _ in raised:
+            layer.max_rows = num_rows
+        try:
+            yield
+        finally:
+            for layer, max_rows in raised:
+                layer.max_rows = max_rows
+
+    def _on_decode_path(self, row: _Row) -> bool:
+        """One token, or a verify row (a few known tokens and its drafts) when
+        `verify_on_decode_path`: attended by the decode kernel, not as a prefill chunk."""
+        if len(row.token_ids) == 1:
+            return True
+        return (self.verify_on_decode_path and row.num_drafts > 0
+                and len(row.token_ids) <= MAX_DECODE_PATH_TOKENS)
 
     def _run(
         self, rows: list[_Row], scheduler_output: SchedulerOutput

@@ -19,7 +19,8 @@ class StepShape:
     `num_computed_tokens + num_new_tokens` does. Requests computing exactly one token are
     counted (`num_decode_tokens`) with their context lengths summed
     (`decode_context_tokens`): that is all a cost model reads of them. `num_sampled`: rows
-    that go through the LM head and sampler; None (replaced on construction) means one per
+    that go through the LM head and sampler (a speculative verify row, k drafts after its known
+    token, has k + 1: it is verified at each); None (replaced on construction) means one per
     decode request and none for the prefill chunks (chunks that stop short of the prompt's end).
     `num_constrained`: of the sampled rows, those under a grammar (structured outputs); each
     costs its token-mask work on the host (fill, apply, advance), which the cost models charge
@@ -95,10 +96,10 @@ class StepShape:
                 )
         if num_sampled is None:
             num_sampled = num_decode_tokens
-        if not 0 <= num_sampled <= len(prefill_chunks) + num_decode_tokens:
-            raise ValueError(
-                f"num_sampled={num_sampled} is not between 0 and the number of requests"
-            )
+        num_tokens = sum(n for n, _ in prefill_chunks) + num_decode_tokens
+        if not 0 <= num_sampled <= num_tokens:  # a verify row has a logit row per token
+            raise ValueError(f"num_sampled={num_sampled} is not between 0 and the number of "
+                             f"tokens ({num_tokens})")
         if not 0 <= num_constrained <= num_sampled:
             raise ValueError(
                 f"num_constrained={num_constrained} is not between 0 and num_sampled={num_sampled}"

@@ -16,11 +16,12 @@ from three estimates, in the manner of SmartSpec (Liu et al. 2024, arXiv:2406.14
 
 The j-th draft token of a request is accepted with probability a^j, so it is worth a^j tokens
 (times the request's weight: a request with a TPOT objective counts double). Draft tokens are
-added greedily, most valuable first, while the step's expected tokens per second rise:
-tokens/cost with the token over (tokens + value)/(cost with it). Where the verified tokens cost
-more than they save -- a big batch on a compute-bound device -- nothing is added and the step
-is exactly the step without speculation, so adaptive speculation is never worse than none by
-more than the estimates' error (the benchmark in docs/SPECULATION.md measures that).
+ordered greedily, most valuable first, and the step takes the prefix of that order with the
+most expected tokens per second (value over the step's cost with them), if it beats the step
+without drafts by at least MIN_GAIN. Where the verified tokens cost more than they save -- a
+big batch on a compute-bound device -- nothing is added and the step is exactly the step
+without speculation, so adaptive speculation is never worse than none by more than the
+estimates' error (the benchmark in docs/SPECULATION.md measures that).
 
 Pure Python, no torch: the scheduler side uses it.
 """
@@ -168,40 +169,51 @@ class DraftCandidate:
     weight: float = 1.0  # tokens of this request count `weight` times (an SLO request: more)
 
 
+# Drafts are added only where they are expected to raise the step's tokens per second by at
+# least this share: below it the gain is within the error of the estimates (the step cost
+# table's noise, the acceptance rates), and a step with drafts that does not pay costs more
+# than the same step without them (the verify rows' logits, the proposal); measured on the
+# real CPU engine, docs/SPECULATION.md.
+MIN_GAIN = 0.05
+
+
 def choose_draft_counts(
     candidates: Sequence[DraftCandidate],
     base_tokens: int,
     base_value: float,
     cost: StepCostTable,
     token_budget: int,
+    min_gain: float = MIN_GAIN,
 ) -> dict[str, int]:
     """Draft tokens per request for a step that already computes `base_tokens` tokens worth
-    `base_value` (its sampled tokens, weighted). Greedy by value a^j * weight while the
-    expected value per second of the step rises; at most `token_budget` drafts in all.
-    Returns only the requests that get drafts; none when no step of the base size was seen
-    (it runs without drafts, and so is learnt)."""
+    `base_value` (its sampled tokens, weighted). Drafts are taken greedily by value
+    a^j * weight (at most `token_budget` in all), and the step gets the prefix of that order
+    with the most expected value per second -- not just the drafts that each pay on their own:
+    a step's cost need not be convex in its tokens (a kernel switch at some row count makes the
+    first draft dear and the next ones cheap). None unless that beats the step without drafts
+    by `min_gain`, and none when no step of the base size was seen (it runs without drafts,
+    and so is learnt)."""
     if not candidates or token_budget <= 0 or not cost.has(base_tokens):
         return {}
     heap: list[tuple[float, int, int]] = []  # (-value of the next draft, index, its j)
     for index, c in enumerate(candidates):
         if c.max_drafts > 0 and c.rate > 0:
             heapq.heappush(heap, (-c.rate * c.weight, index, 1))
-    chosen: dict[str, int] = {}
+    order: list[tuple[str, int]] = []  # (request id, j) in the order they are added
     tokens = max(1, base_tokens)
     value = base_value
-    step_cost = cost.cost(tokens)
+    base_rate = value / cost.cost(tokens)
+    best_rate, best_len = base_rate * (1.0 + min_gain), 0
     while heap and token_budget > 0:
         negative, index, j = heapq.heappop(heap)
-        gain = -negative
-        new_cost = cost.cost(tokens + 1)
-        if (value + gain) * step_cost <= value * new_cost:
-            break  # the most valuable draft left does not pay (nor, on a convex cost, the rest)
         candidate = candidates[index]
-        chosen[candidate.request_id] = j
+        order.append((candidate.request_id, j))
         tokens += 1
-        value += gain
-        step_cost = new_cost
+        value -= negative
         token_budget -= 1
+        rate = value / cost.cost(tokens)
+        if rate > best_rate:
+            best_rate, best_len = rate, len(order)
         if j < candidate.max_drafts:
             heapq.heappush(heap, (negative * candidate.rate, index, j + 1))
-    return chosen
+    return dict(order[:best_len])  # a request's later j overwrites its earlier ones

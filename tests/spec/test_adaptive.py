@@ -103,3 +103,24 @@ def test_the_likely_drafts_go_first_and_weights_favour_slo_requests():
             for c in cands
         )
         assert value / table.cost(2 + sum(chosen.values())) >= base / table.cost(2)
+
+
+def test_a_dear_first_draft_does_not_hide_cheap_later_ones():
+    """A cost that jumps at 2 tokens (a kernel switch) and is flat after it: one draft alone
+    does not pay, four do, and the step takes four."""
+    table = StepCostTable(decay=1.0)
+    for tokens, seconds in ((1, 1.0), (2, 1.8), (3, 1.85), (5, 1.9)):
+        table.observe(tokens, seconds)
+    candidate = [DraftCandidate("r", rate=0.8, max_drafts=4)]
+    assert choose_draft_counts(candidate, 1, 1.0, table, 10) == {"r": 4}
+    assert choose_draft_counts(candidate, 1, 1.0, table, 1) == {}  # one alone: 1.8 / 1.8 s
+
+
+def test_drafts_must_beat_the_step_without_them_by_the_margin():
+    table = StepCostTable(decay=1.0)
+    for tokens, seconds in ((1, 1.0), (2, 1.2)):
+        table.observe(tokens, seconds)
+    # One draft worth 0.25 of a token on a step 20% dearer: 1.25 / 1.2 = +4% < 5%.
+    candidate = [DraftCandidate("r", rate=0.25, max_drafts=1)]
+    assert choose_draft_counts(candidate, 1, 1.0, table, 10, min_gain=0.05) == {}
+    assert choose_draft_counts(candidate, 1, 1.0, table, 10, min_gain=0.0) == {"r": 1}
