@@ -295,6 +295,12 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     lookup: dict[int, dict[str, float]] = {}
     prompt_lens: dict[int, list[int]] = {}
     configs = speculation_configs("ngram", args.k)
+    # Verify rows with the kernels of the step without drafts (the default), and with those
+    # of its row count as well ("/rows": the kernels quantization auto picks for k + 1 rows).
+    row_kernels = {f"{name}/rows": spec for name, spec in configs.items() if name != "off"}
+    if args.verify_kernels == "both":
+        configs.update(row_kernels)
+    per_mode_mismatches: dict[str, int] = dict.fromkeys(configs, 0)
     # Untimed warm-up of every mode (kernels built, caches touched); its steps are not fitted.
     warm = real_prompts(tokenizer, args.workload, 2)
     for (name, spec), seats in itertools.product(configs.items(), (1, 2)):
@@ -315,6 +321,8 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
         # the run lands on every mode alike; the verdicts are medians of the paired ratios.
         for repeat in range(args.repeats):
             for name, spec in configs.items():
+                model_executor.verify_kernels_as_decode = not (
+                    name.endswith("/rows") or args.verify_kernels == "rows")
                 engine = make_engine(executor, model_executor, cache, args.budget,
                                      max(streams, 1), spec)
                 run = closed_loop(engine, prompts, params, streams, time.perf_counter,
@@ -327,8 +335,10 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
                     lookup[streams] = lookup_stats(prompts, outputs, args.k)
                 else:
                     compared += len(reference)
-                    mismatches += sum(outputs[key] != reference[key] for key in reference)
-                if name.startswith("fixed") and repeat == 0:
+                    differ = sum(outputs[key] != reference[key] for key in reference)
+                    mismatches += differ
+                    per_mode_mismatches[name] += differ
+                if name == f"fixed-k{args.k}" and repeat == 0:
                     per_request += run["per_request"]
                     offers += run["offers"]
                     proposals += run["proposals"]
@@ -359,6 +369,8 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
             "output_len": args.output_len, "repeats": args.repeats,
             "greedy_mismatches": mismatches, "greedy_compared": compared,
+            "greedy_mismatches_by_mode": per_mode_mismatches,
+            "verify_kernels": args.verify_kernels,
             "lookup": lookup, "fitted": fitted, "lengths": lengths, "prompt_lens": prompt_lens,
             "vocab_size": model_executor.model_shape.vocab_size, "steps_log": steps_path,
             "quantization": model_executor.quantization,
@@ -438,13 +450,13 @@ def run_invariance(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     modes = list(dict.fromkeys(r["mode"] for r in rows))
+    others = [m for m in modes if m != "off"]
     lines = ["| streams | " + " | ".join(f"{m} tok/s" for m in modes)
-             + " | adaptive / off | fixed / off | acceptance (adaptive) |",
-             "|---" * (len(modes) + 4) + "|"]
+             + "".join(f" | {m} / off" for m in others) + " | acceptance (adaptive) |",
+             "|---" * (len(modes) + len(others) + 2) + "|"]
     for streams in dict.fromkeys(r["streams"] for r in rows):
         by = {r["mode"]: r for r in rows if r["streams"] == streams}
         off = by["off"]["tokens_per_second"]
-        fixed = next(v for k, v in by.items() if k.startswith("fixed"))
         acc = by["adaptive"]["acceptance"]
 
         def ratio(row: dict[str, Any], off: float = off) -> float:
@@ -453,8 +465,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
         lines.append(
             f"| {streams} | " + " | ".join(f"{by[m]['tokens_per_second']:.1f}" for m in modes)
-            + f" | {ratio(by['adaptive']):.3f}"
-            + f" | {ratio(fixed):.3f}"
+            + "".join(f" | {ratio(by[m]):.3f}" for m in others)
             + f" | {'-' if acc is None else f'{acc:.2f}'} |"
         )
     return "\n".join(lines)
@@ -482,6 +493,10 @@ def main() -> None:
     parser.add_argument("--tag", default="", help="real, fit: a suffix of the result files")
     parser.add_argument("--warmup-tokens", type=int, default=16,
                         help="real: output tokens of each untimed warm-up request")
+    parser.add_argument("--verify-kernels", choices=["decode", "rows", "both"],
+                        default="decode",
+                        help="real: verify rows run the linear kernels of the step without "
+                        "drafts (decode), of their row count (rows), or both as extra modes")
     parser.add_argument("--batch", type=int, default=16, help="invariance: prompts at once")
     parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
     parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],

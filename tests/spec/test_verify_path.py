@@ -73,19 +73,27 @@ def test_verify_rows_on_the_decode_path_match_one_token_decodes(smol_executor):
     assert not torch.allclose(changed[4], on_decode[4], atol=1e-2, rtol=0)
 
 
-@pytest.mark.slow
-def test_verify_rows_run_the_kernels_of_the_step_without_drafts():
-    """quantization auto with a plan that runs the quantized kernels at 1 row only: a 1-row
-    decode runs int4 (int8 head), a verify row of 5 would run the float path; with
-    `verify_kernels_as_decode` it runs the 1-row kernels, and its greedy tokens are the
-    one-token decodes' exactly."""
+@pytest.fixture(scope="module")
+def auto_executor() -> ModelExecutor:
+    """The embedded model under quantization auto, with a plan that runs the quantized kernels
+    at 1 row only (whatever this machine's timings): a 1-row decode runs int4 (int8 head), a
+    verify row of 5 would run the float path."""
     executor = ModelExecutor(ModelConfig(quantization="auto"),
-                             CacheConfig(block_size=16, num_blocks=8))
+                             CacheConfig(block_size=16, num_blocks=24))
     layers = executor.model.linears.built
     groups = dispatch_groups(layers)
     if not groups:
         pytest.skip(f"auto has nothing to dispatch on this machine ({executor.quantization})")
     apply_plan(layers, dict.fromkeys(groups, 1))
+    return executor
+
+
+@pytest.mark.slow
+def test_verify_rows_run_the_kernels_of_the_step_without_drafts(auto_executor):
+    """With `verify_kernels_as_decode` a verify row runs the 1-row kernels, and its greedy
+    tokens are the one-token decodes' exactly."""
+    executor = auto_executor
+    layers = executor.model.linears.built
     plan = [layer.max_rows for layer in layers]
     state = _prefill(executor, [4, 2])
     # The drafts are the model's own greedy continuation: every one must be accepted.
@@ -106,3 +114,32 @@ def test_verify_rows_run_the_kernels_of_the_step_without_drafts():
     error_same = (same_kernels - sequential).abs().max().item()
     error_rows = (row_kernels - sequential).abs().max().item()
     assert error_same < error_rows, (error_same, error_rows)
+
+
+@pytest.mark.slow
+def test_greedy_speculation_is_exact_on_the_quantized_path_one_stream(auto_executor):
+    """The engine at one stream on the auto-quantized model: prompt lookup (fixed K) gives the
+    outputs of the run without speculation token for token, and leaves no KV behind."""
+    from heddle import LLM
+    from heddle.config import SpeculativeConfig
+    from heddle.engine.engine import Engine
+    from heddle.engine.llm import build_config
+
+    executor = auto_executor
+    prompts = ["Copy this text: the cat sat on the mat. the cat sat on the mat. the cat sat",
+               "List the numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    outputs = []
+    for speculation in (SpeculativeConfig(method="off"),
+                        SpeculativeConfig(method="ngram", num_draft_tokens=4, adaptive=False)):
+        config = build_config(max_num_seqs=1, block_size=16, num_blocks=executor.num_blocks,
+                              speculation=speculation)
+        llm = LLM.from_engine(Engine(
+            config, executor, num_blocks=executor.num_blocks, tokenizer=executor.tokenizer,
+            eos_token_id=executor.eos_token_id, max_model_len=executor.max_model_len,
+            vocab_size=executor.model_shape.vocab_size))
+        outputs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        assert llm.engine.kv_cache.num_free_blocks == llm.engine.kv_cache.num_blocks
+    spec = llm.engine.scheduler.speculator
+    assert spec is not None and spec.acceptance.num_accepted > 0
+    assert outputs[1] == outputs[0]
