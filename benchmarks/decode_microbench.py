@@ -2,11 +2,16 @@
 
     .venv/bin/python benchmarks/decode_microbench.py [--dtypes float32 bfloat16]
         [--quantizations none auto int8 int4] [--batches 1 8 32 64] [--context 300]
-        [--steps 10] [--threads N]
+        [--steps 10] [--threads N] [--compare-fused]
 
 Each request has `context` tokens in the paged KV cache (their values do not matter for
 timing) and decodes one token per step; the step includes input building, the forward pass,
 the lm_head for every row and greedy sampling. Prints the median step time and tokens/s.
+
+--compare-fused runs every step twice, once with the fused decode layers (heddle.model.
+fused_decode, the default) and once eagerly, alternating in one process on the same requests,
+and prints both medians and their ratio; it also counts the top-level torch ops of one step
+each way (torch.profiler).
 """
 
 from __future__ import annotations
@@ -39,17 +44,24 @@ class DecodeBatch:
         ]
         self.step_id = 0
 
-    def step(self) -> float:
+    def step(self, advance: bool = True) -> float:
+        """One decode step; `advance=False` forgets its tokens, so the next step computes the
+        same positions again (to time two ways of computing one step)."""
         builder = OutputBuilder(self.step_id)
         new = {n.request_id: n for n in self.pending}
         for rid in self.ids:
             builder.add(rid, self.context + self.step_id, 1, True,
                         num_prompt_tokens=self.context + 1, new_request=new.get(rid))
         self.pending = []
-        self.step_id += 1
         start = time.perf_counter()
         self.executor.execute(builder.build())
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        if advance:
+            self.step_id += 1
+        else:
+            for rid in self.ids:
+                self.executor._requests[rid].token_ids.pop()
+        return elapsed
 
     def finish(self) -> None:
         self.executor.execute(OutputBuilder(self.step_id).build(finished_request_ids=self.ids))
@@ -65,6 +77,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--quantizations", nargs="+", default=["none"],
                         help="auto | none | int8 | int4 (each run per dtype)")
+    parser.add_argument("--compare-fused", action="store_true",
+                        help="time each step fused and eager, alternating (see above)")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -81,6 +95,9 @@ def main() -> None:
         print(f"{dtype} quantization={executor.quantization}: {weights / 1e6:.0f} MB of "
               "weights read per batch-1 step")
         for batch in args.batches:
+            if args.compare_fused:
+                compare_fused(executor, batch, args.context, args.steps, dtype, quantization)
+                continue
             run = DecodeBatch(executor, batch, args.context, args.steps + 1)
             run.step()  # warm-up (and the step that sends the new requests)
             times = [run.step() for _ in range(args.steps)]
@@ -92,6 +109,45 @@ def main() -> None:
                 f"{median * 1e3:8.1f} ms/step  {batch / median:8.1f} tok/s  "
                 f"(min {min(times) * 1e3:.1f} ms)"
             )
+
+
+def top_level_ops(run: DecodeBatch) -> int:
+    """Top-level torch ops (not those inside other ops) of one step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run.step(advance=False)
+    events = [e for e in prof.events() if e.name.startswith(("aten::", "mkldnn::"))]
+    return sum(1 for e in events if e.cpu_parent is None
+               or not e.cpu_parent.name.startswith(("aten::", "mkldnn::")))
+
+
+def compare_fused(executor: ModelExecutor, batch: int, context: int, steps: int, dtype: str,
+                  quantization: str) -> None:
+    model = executor.model
+    if model.fused is None:
+        print(f"batch {batch}: no fused decode path here (no C kernels)")
+        return
+    run = DecodeBatch(executor, batch, context, steps + 2)
+    run.step()  # sends the requests
+    times: dict[bool, list[float]] = {True: [], False: []}
+    ops = {}
+    for fused in (True, False):
+        model.fused_enabled = fused
+        run.step(advance=False)  # warm-up of each path
+        ops[fused] = top_level_ops(run)
+    for i in range(steps):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        for fused in order:  # both ways at the same positions, alternating which goes first
+            model.fused_enabled = fused
+            times[fused].append(run.step(advance=fused == order[1]))
+    model.fused_enabled = True
+    run.finish()
+    fused_ms, eager_ms = (statistics.median(times[f]) * 1e3 for f in (True, False))
+    print(f"{executor.model_name} {dtype:>8} {quantization:>4} batch {batch:>3} ctx {context}: "
+          f"fused {fused_ms:7.2f} ms/step ({ops[True]} top-level ops), eager {eager_ms:7.2f} ms "
+          f"({ops[False]} ops): eager / fused {eager_ms / fused_ms:.3f}x "
+          f"(median of {steps} pairs)")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 `load_decode_kernel()` returns the paged decode attention of csrc/paged_decode_attention.c
 (float32 and bfloat16 caches) and its K/V store, or None when there is no compiler, the build
 fails, or HEDDLE_DISABLE_C_KERNELS is set; the torch path in heddle.model.attention is then
-used, with identical results up to float rounding. The shared object is cached under
+used, with identical results up to float rounding. `load_library()` is the same shared object,
+which also holds csrc/decode_layer.c (the fused decode layer, heddle.model.fused_decode).
+The shared object is cached under
 $XDG_CACHE_HOME/heddle (or ~/.cache/heddle), keyed by the source, the flags and the CPU, and
 is written atomically so concurrent processes can build it at once.
 """
@@ -24,7 +26,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode_attention.c"
+_SOURCES = (Path(__file__).parent / "csrc" / "paged_decode_attention.c",
+            Path(__file__).parent / "csrc" / "decode_layer.c")
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
           "-shared", "-fPIC"]
 _SYMBOLS = {torch.float32: "heddle_paged_decode_attention_f32",
@@ -96,32 +99,39 @@ class DecodeKernel:
 @functools.cache
 def load_decode_kernel() -> DecodeKernel | None:
     """The compiled kernel, or None (then the torch path runs). Built once per process."""
-    if os.environ.get("HEDDLE_DISABLE_C_KERNELS"):
-        return None
-    try:
-        library = _build(_SOURCE)
-    except (OSError, subprocess.SubprocessError) as e:
-        logger.info("C kernels unavailable, using torch attention: %s", e)
-        return None
+    library = load_library()
     return None if library is None else DecodeKernel(library)
 
 
-def _build(source: Path) -> ctypes.CDLL | None:
+@functools.cache
+def load_library() -> ctypes.CDLL | None:
+    """The shared object of every C kernel, or None (disabled, no compiler, a failed build)."""
+    if os.environ.get("HEDDLE_DISABLE_C_KERNELS"):
+        return None
+    try:
+        return _build(_SOURCES)
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.info("C kernels unavailable, using torch attention: %s", e)
+        return None
+
+
+def _build(sources: tuple[Path, ...]) -> ctypes.CDLL | None:
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
     key = hashlib.sha256()
-    key.update(source.read_bytes())
+    for source in sources:
+        key.update(source.read_bytes())
     key.update(" ".join([compiler, *_FLAGS]).encode())
     key.update(_cpu_flags().encode())
     cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     cache_dir = cache_root / "heddle" / "kernels"
-    target = cache_dir / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    target = cache_dir / f"heddle_kernels-{key.hexdigest()[:16]}.so"
     if not target.is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
             built = Path(tmp) / target.name
-            subprocess.run([compiler, *_FLAGS, str(source), "-o", str(built), "-lm"],
+            subprocess.run([compiler, *_FLAGS, *map(str, sources), "-o", str(built), "-lm"],
                            check=True, capture_output=True, timeout=120)
             os.replace(built, target)
     # torch is already loaded with its libgomp.so.1: the kernel binds to that same runtime.

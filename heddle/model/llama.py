@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from heddle.errors import ModelLoadError
 from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attention
 from heddle.model.attention_metadata import AttentionMetadata
-from heddle.model.kernels import load_decode_kernel
+from heddle.model.fused_decode import DecodeLayerKernels, fused_step_applies, run_fused_decode
+from heddle.model.kernels import load_decode_kernel, load_library
 from heddle.model.layers import RotaryEmbedding, rms_norm, rope_inv_freq
 from heddle.model.linear_plan import LinearBuilder, LinearLayer, linear_weight_bytes
 from heddle.model.quant import BlockQuantized
@@ -134,6 +135,13 @@ class LlamaForCausalLM:
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and use_decode_kernel:
             decode_kernel = load_decode_kernel()
         self.attention = AttentionBackend(GatherBuffer(dtype, device), decode_kernel)
+        # Decode-only steps run each layer's small ops as three C calls (heddle.model.
+        # fused_decode); `fused_enabled = False` runs them eagerly (for comparisons).
+        self.fused: DecodeLayerKernels | None = None
+        library = load_library() if decode_kernel is not None else None
+        if library is not None and not spec.qk_norm and DecodeLayerKernels.supports(dtype):
+            self.fused = DecodeLayerKernels(library, dtype)
+        self.fused_enabled = True
         unused = sorted(k for k in weights if k.startswith("model.layers.") and "rotary" not in k)
         if unused:  # e.g. MLP biases: refuse rather than silently compute something else
             raise ModelLoadError(f"unsupported weights in checkpoint: {', '.join(unused[:3])}")
@@ -167,6 +175,8 @@ class LlamaForCausalLM:
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Hidden states after the last layer (before the final norm): [T, hidden]."""
+        if fused_step_applies(self, metadata, input_ids.shape[0]):
+            return run_fused_decode(self, input_ids, positions, kv_caches, metadata)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                    scale: float) -> torch.Tensor:
@@ -176,8 +186,8 @@ class LlamaForCausalLM:
 
     def run_layers(self, input_ids: torch.Tensor, positions: torch.Tensor,
                    kv_caches: list[torch.Tensor], attend: Attend) -> torch.Tensor:
-        """The decoder stack with a given attention (eager paged attention, or the compiled
-        decode path's custom op): [T] ids and positions -> [T, hidden]."""
+        """The decoder stack, eagerly, with a given attention: [T] ids and positions ->
+        [T, hidden]."""
         hidden = F.embedding(input_ids, self.embed_tokens)
         cos, sin = self.rope.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

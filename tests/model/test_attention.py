@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from heddle.model.attention import AttentionBackend, GatherBuffer, paged_attention
 from heddle.model.attention_metadata import build_attention_metadata, split_decode_groups
-from heddle.model.kernels import load_decode_kernel
+from heddle.model.kernels import load_decode_kernel, load_library
 
 NUM_KV_HEADS, GROUP, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 2, 3, 8, 4, 128
 
@@ -130,13 +130,16 @@ def test_decode_groups_split_only_when_padding_costs_more_than_a_group():
 
 def test_decode_kernel_falls_back_to_torch_when_disabled_or_unbuildable(monkeypatch, tmp_path):
     load_decode_kernel.cache_clear()
+    load_library.cache_clear()
     try:
         monkeypatch.setenv("HEDDLE_DISABLE_C_KERNELS", "1")
         assert load_decode_kernel() is None
         load_decode_kernel.cache_clear()
+        load_library.cache_clear()
         monkeypatch.delenv("HEDDLE_DISABLE_C_KERNELS")
         monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached there
         assert load_decode_kernel() is None
     finally:
         load_decode_kernel.cache_clear()
+        load_library.cache_clear()
