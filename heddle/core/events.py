@@ -31,10 +31,11 @@ the dataclasses below (`events_since`, iteration), built when they read.
 Evictions are the one kind of event a busy pool makes on most steps, several times a step, so
 they are recorded flat: the KV pool appends each evicted block's id to `evicted_blocks` and the
 id of the request it went to, one entry per block, to `evicted_for` (no call into the log, no
-object per allocation). A step that evicted adds four numbers to flat arrays (its step, time,
-and span of those lists), no object either: a tuple per step made the garbage collector run
-more often, and its full passes are what a long run pays. A byte per event keeps the order of
-evictions among the other events. The lists are a bounded detail ring of their own
+object per allocation). A step that evicted adds three numbers to one flat array (its step,
+its time, and where its span of those lists ends), inline in `end_step`, no object either: a
+kept tuple per step made the garbage collector run more often, and its full passes are what a
+long run pays. The order of evictions among the other events costs the eviction nothing: each
+of the rarer other events notes how many evictions came before it. The lists are a bounded detail ring of their own
 (`detail_capacity` blocks, the older half dropped when they hold twice that); an `Eviction` is
 built from them when it is read, and one whose detail has been dropped keeps its count and
 loses its block and request ids.
@@ -207,11 +208,12 @@ class DecisionLog:
         self.detail_capacity = (
             max(8 * capacity, 1024) if detail_capacity is None else detail_capacity
         )
-        # The events but evictions, as tuples; evictions in flat arrays (below). `_order` says
-        # which is which for the newest events (0: the ring's next, 1: an eviction's next).
+        # The events but evictions, as tuples; evictions in a flat array (below). Beside each
+        # ring event, how many evictions were logged before it: the order of the two streams
+        # (its last `len(_ring)` entries are the ring's; the older half goes at twice that).
         self._ring: deque[tuple[Any, ...]] = deque(maxlen=capacity)
-        self._order = bytearray()
-        self.num_events = 0  # appended since the start (readers get the last `capacity`)
+        self._ring_after: array[int] = array("q")
+        self._num_ring = 0  # ring events appended since the start
         # Cumulative seconds charged, per queue and reason, to whoever waits behind a stop.
         self._charged = ([0.0] * _NUM, [0.0] * _NUM)
         # The counters as a tuple, shared by the waits opened while they stay the same (None:
@@ -221,7 +223,6 @@ class DecisionLog:
         # request id -> (queue, counters when it opened, start step, start time, class)
         self._open: dict[str, tuple[int, tuple[float, ...], int, float, str]] = {}
         self._adjust: dict[str, list[float]] = {}  # corrections of requests explained alone
-        self._num_open_running = 0
         self._stops: list[int | None] = [None, None]  # this step's stop reason per queue
         self._last_stops: list[int | None] = [None, None]
         self._skipped: list[tuple[str, int, int]] = []  # (id, queue, reason) explained alone
@@ -235,13 +236,15 @@ class DecisionLog:
         self.evicted_for: list[str] = []
         self._evicted_base = 0
         self._evicted_logged = 0  # of the lists, the entries already in an eviction event
-        # Eviction events: step, time, and their span [start, end) of the detail (absolute
-        # positions); `_evictions_base` events were dropped before them.
-        self._eviction_steps: array[int] = array("q")
-        self._eviction_times: array[float] = array("d")
-        self._eviction_starts: array[int] = array("q")
-        self._eviction_ends: array[int] = array("q")
+        # Eviction events, three numbers each: step, time, and the end of their span of the
+        # detail (an absolute position; the span starts where the previous one ended, the
+        # first held one at `_evictions_start`). `_evictions_base` events were dropped first.
+        self._eviction_rows: array[float] = array("d")
         self._evictions_base = 0
+        self._evictions_start = 0
+        # Past these lengths the older halves go (one comparison each per evicting step).
+        self._rows_limit = 3 * 2 * capacity
+        self._detail_limit = 2 * self.detail_capacity
         self.cached_blocks_of: Callable[[Request], Sequence[int]] | None = None
         self._preempted: dict[str, _Waiting] = {}  # preempted, not yet back
         # Back and recomputing: request -> (waiting info, start step, start time, num cached,
@@ -251,7 +254,16 @@ class DecisionLog:
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return min(self.capacity, len(self._order))
+        return min(self.capacity, len(self._ring) + len(self._eviction_rows) // 3)
+
+    @property
+    def num_events(self) -> int:
+        """Events appended since the start (readers get the last `capacity`)."""
+        return self._num_ring + self._num_evictions
+
+    @property
+    def _num_evictions(self) -> int:
+        return self._evictions_base + len(self._eviction_rows) // 3
 
     @property
     def num_evicted_blocks(self) -> int:
@@ -263,28 +275,33 @@ class DecisionLog:
 
     def _tail(self, count: int) -> list[Event]:
         """The newest `count` events (at most `capacity`), oldest first."""
-        order = self._order
-        count = min(count, self.capacity, len(order))
-        if count <= 0:
-            return []
-        kinds = order[len(order) - count :]
-        num_evictions = kinds.count(1)
-        ring = self._ring
-        next_raw = len(ring) - (count - num_evictions)
-        next_eviction = len(self._eviction_steps) - num_evictions
+        count = min(count, len(self))
+        ring, after = self._ring, self._ring_after
+        raw = len(ring) - 1
+        offset = len(after) - len(ring)  # the ring's entries in `after`
+        eviction = len(self._eviction_rows) // 3 - 1  # index into the held rows
+        base = self._evictions_base
         out: list[Event] = []
-        for kind in kinds:
-            if kind:
-                out.append(self._eviction(next_eviction))
-                next_eviction += 1
+        for _ in range(count):  # newest first: a ring event after eviction e has after > e
+            if raw >= 0 and (eviction < 0 or after[offset + raw] > base + eviction):
+                out.append(self._event(ring[raw]))
+                raw -= 1
             else:
-                out.append(self._event(ring[next_raw]))
-                next_raw += 1
+                out.append(self._eviction(eviction))
+                eviction -= 1
+        out.reverse()
         return out
 
+    def _eviction_span(self, index: int) -> tuple[int, int]:
+        """The [start, end) of held eviction row `index` in the detail (absolute)."""
+        rows = self._eviction_rows
+        start = int(rows[3 * index - 1]) if index else self._evictions_start
+        return start, int(rows[3 * index + 2])
+
     def _eviction(self, index: int) -> Eviction:
-        step, now = self._eviction_steps[index], self._eviction_times[index]
-        start, end = self._eviction_starts[index], self._eviction_ends[index]
+        rows = self._eviction_rows
+        step, now = int(rows[3 * index]), rows[3 * index + 1]
+        start, end = self._eviction_span(index)
         lo, hi = start - self._evicted_base, end - self._evicted_base
         if lo < 0:  # its detail fell off the detail ring
             return Eviction(step, now, end - start, ())
@@ -309,10 +326,11 @@ class DecisionLog:
 
     def _append(self, raw: tuple[Any, ...]) -> None:
         self._ring.append(raw)
-        self._order.append(0)
-        self.num_events += 1
-        if len(self._order) > 2 * self.capacity:
-            del self._order[: self.capacity]
+        after = self._ring_after
+        after.append(self._num_evictions)
+        if len(after) > 2 * self.capacity:
+            del after[: self.capacity]
+        self._num_ring += 1
 
     # -- the scheduler's verbs --------------------------------------------------------------
     def begin_step(self, step_id: int, now: float) -> None:
@@ -394,7 +412,7 @@ class DecisionLog:
                 self.step_id,
                 victim.num_computed_tokens,
                 frozenset(cached),
-                self._evictions_base + len(self._eviction_steps),
+                self._num_evictions,
                 self.num_evicted_blocks,
             )
         if victim_id in self._open:
@@ -412,34 +430,31 @@ class DecisionLog:
         self.evicted_for += (request_id,) * len(block_ids)
 
     def _log_evictions(self) -> None:
-        """One eviction event for the blocks evicted since the last: four numbers appended to
-        flat arrays (no object: a busy pool evicts on most steps)."""
-        blocks = self.evicted_blocks
-        base = self._evicted_base
-        self._eviction_steps.append(self.step_id)
-        self._eviction_times.append(self.now)
-        self._eviction_starts.append(base + self._evicted_logged)
-        self._eviction_ends.append(base + len(blocks))
-        self._order.append(1)
-        self.num_events += 1
-        if len(self._order) > 2 * self.capacity:
-            del self._order[: self.capacity]
-        if len(self._eviction_steps) > 2 * self.capacity:  # readers get the last `capacity`
+        """One eviction event for the blocks evicted since the last: three numbers appended to
+        a flat array (no object, no call into the log from the pool: a busy pool evicts on
+        most steps). `end_step` does the same inline."""
+        num_blocks = len(self.evicted_blocks)
+        self._eviction_rows.extend((self.step_id, self.now, self._evicted_base + num_blocks))
+        self._evicted_logged = num_blocks
+        if num_blocks > self._detail_limit or len(self._eviction_rows) > self._rows_limit:
+            self._trim_evictions()
+
+    def _trim_evictions(self) -> None:
+        """Drop the older half of the eviction rows and of the detail once either holds twice
+        what readers get."""
+        rows = self._eviction_rows
+        if len(rows) > self._rows_limit:  # readers get the last `capacity` events
             drop = self.capacity
-            for column in (
-                self._eviction_steps,
-                self._eviction_times,
-                self._eviction_starts,
-                self._eviction_ends,
-            ):
-                del column[:drop]
+            self._evictions_start = int(rows[3 * drop - 1])
+            del rows[: 3 * drop]
             self._evictions_base += drop
-        if len(blocks) > 2 * self.detail_capacity:  # drop the older half of the detail
+        blocks = self.evicted_blocks
+        if len(blocks) > self._detail_limit:
             drop = len(blocks) - self.detail_capacity
             del blocks[:drop]
             del self.evicted_for[:drop]
             self._evicted_base += drop
-        self._evicted_logged = len(blocks)
+            self._evicted_logged = len(blocks)
 
     def finished(self, request: Request) -> None:
         """The request left (finished, aborted): a recompute it was in ends unfinished."""
@@ -454,8 +469,15 @@ class DecisionLog:
         engine's stall accounting charges them)."""
         self._in_step = False
         self._last_end = self.now + charged
-        if len(self.evicted_blocks) != self._evicted_logged:
-            self._log_evictions()
+        num_blocks = len(self.evicted_blocks)
+        if num_blocks != self._evicted_logged:  # `_log_evictions`, inline: most steps evict
+            rows = self._eviction_rows
+            rows.append(self.step_id)  # three appends: half the time of one extend of a tuple
+            rows.append(self.now)
+            rows.append(self._evicted_base + num_blocks)
+            self._evicted_logged = num_blocks
+            if num_blocks > self._detail_limit or len(rows) > self._rows_limit:
+                self._trim_evictions()
         stops = self._stops
         last = self._last_stops
         # Nothing stopped this step nor the last: no counter moves, no event (most steps).
@@ -500,13 +522,9 @@ class DecisionLog:
             self.now if now is None else now,
             request.request_class,
         )
-        if queue is Queue.RUNNING:
-            self._num_open_running += 1
 
     def _close(self, request_id: str) -> None:
         queue, snapshot, start_step, start_time, request_class = self._open.pop(request_id)
-        if queue == Queue.RUNNING:
-            self._num_open_running -= 1
         charged = self._charged[queue]
         adjust = self._adjust.pop(request_id, None) if self._adjust else None
         if adjust is None:
@@ -557,10 +575,11 @@ class DecisionLog:
             hits = [i for i in range(max(start, 0), len(blocks)) if blocks[i] in cached]
             if hits:
                 first = max(waited.evictions_from - self._evictions_base, 0)
-                spans = [
-                    (self._eviction_starts[j] - base, self._eviction_ends[j] - base, step)
-                    for j, step in enumerate(self._eviction_steps[first:], first)
-                ]
+                rows = self._eviction_rows
+                spans = []
+                for j in range(first, len(rows) // 3):
+                    lo, hi = self._eviction_span(j)
+                    spans.append((lo - base, hi - base, int(rows[3 * j])))
                 spans.append((self._evicted_logged, len(blocks), self.step_id))
                 span = 0
                 for i in hits:

@@ -138,6 +138,45 @@ def test_evictions_and_the_ring_buffer_bound() -> None:
         DecisionLog(capacity=0)
 
 
+def test_evictions_keep_their_place_among_the_other_events_as_both_rings_turn() -> None:
+    """Evictions and the other events are kept apart (a flat array, a ring of tuples); what a
+    reader gets is still the one order they happened in, however the two interleave and
+    whichever drops its older half first."""
+    import random
+
+    rng = random.Random(7)
+    log = DecisionLog(capacity=5, detail_capacity=4)
+    expected: list[tuple[str, int]] = []  # (kind, step) in the order they happen
+    reasons = [StallReason.NO_SEAT, StallReason.TOKEN_BUDGET]
+    last_stop: StallReason | None = None
+    seen = 0
+    for step in range(200):
+        log.begin_step(step, float(step))
+        evicts = rng.random() < 0.6
+        if evicts:
+            log.evicted(f"r{step}", [step])
+        stop = rng.choice([None, *reasons])
+        if stop is not None:
+            log.stop_queue(Queue.WAITING, stop)
+        log.end_step(1.0)
+        if evicts:  # the step's evictions are logged first, then the stops that changed
+            expected.append(("evict", step))
+        if stop != last_stop:
+            expected.append(("stop", step))
+            last_stop = stop
+        assert log.num_events == len(expected)
+        got = [("evict" if isinstance(e, Eviction) else "stop", e.step_id) for e in log]
+        assert got == expected[-5:]
+        if rng.random() < 0.3:  # a reader that comes back now and then gets what it missed
+            new = log.events_since(seen)
+            assert [e.step_id for e in new] == [s for _, s in expected[seen:]][-5:]
+            seen = log.num_events
+    evictions = [e for e in log if isinstance(e, Eviction)]
+    assert evictions and all(e.num_blocks == 1 for e in evictions)
+    last = evictions[-1]  # the newest keeps its detail
+    assert last.block_ids == (last.step_id,) and last.for_request_ids == (f"r{last.step_id}",)
+
+
 def test_eviction_detail_is_a_bounded_ring_of_its_own() -> None:
     log = DecisionLog(capacity=100, detail_capacity=4)
     for i in range(6):  # 3 blocks a step: the detail keeps 4..8 blocks
