@@ -4,10 +4,12 @@ buffer on and off, side by side.
 Chat requests on the Llama-3.1-8B/H100 roofline arrive (Poisson) at `--load` x the saturation
 throughput (as in benchmarks/sim_speed.py), once with `decision_events` at its default size and
 once with it off (0), alternating `--repeats` times. Reports the median wall time of each, the
-relative cost, the cost per step, and how many events a run logs. No step stats and no view
-probe: only what every run pays.
+relative cost (the ratio of the medians, and the median of each repeat's on/off pair), the
+process CPU time beside the wall time, the cost per step, and how many events a run logs. No
+step stats and no view probe: only what every run pays. Several `--num-requests` in one
+command run one after the other (is the cost per step the same at every length?).
 
-    /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000
+    /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000 20000
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
-from heddle.hostinfo import cpu_model
+from heddle.hostinfo import cpuinfo
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
 
@@ -50,8 +52,8 @@ class GCTimer:
         gc.callbacks.remove(self)
 
 
-def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, int, int]:
-    """(wall seconds, steps, events logged) of one simulation."""
+def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, float, int, int]:
+    """(wall seconds, process CPU seconds, steps, events logged) of one simulation."""
     config = EngineConfig(
         cache=CacheConfig(block_size=16),
         scheduler=SchedulerConfig(
@@ -60,14 +62,69 @@ def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, 
     )
     workload = get_workload("chat", seed=seed, num_requests=num_requests, rate=rate)
     engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False)
+    cpu_start = time.process_time()
     result = simulate(workload, engine)
+    cpu = time.process_time() - cpu_start
     log = result.engine.scheduler.events if result.engine is not None else None
-    return result.wall_seconds, result.num_steps, 0 if log is None else log.num_events
+    return result.wall_seconds, cpu, result.num_steps, 0 if log is None else log.num_events
+
+
+def measure(num_requests: int, rate: float, seed: int, repeats: int) -> dict[str, object]:
+    """Events on and off at one length, alternating which arm goes first."""
+    walls: dict[str, list[float]] = {"on": [], "off": []}
+    cpus: dict[str, list[float]] = {"on": [], "off": []}
+    gcs: dict[str, list[float]] = {"on": [], "off": []}
+    steps = num_events = 0
+    for i in range(repeats):
+        for arm in ("on", "off") if i % 2 == 0 else ("off", "on"):
+            with GCTimer() as collector:
+                wall, cpu, steps, logged = run(
+                    num_requests, rate, seed, DEFAULT_CAPACITY if arm == "on" else 0
+                )
+            walls[arm].append(wall)
+            cpus[arm].append(cpu)
+            gcs[arm].append(collector.seconds)
+            num_events = max(num_events, logged)
+            print(
+                f"  {num_requests} requests, events {arm:>3}: {wall:6.2f} s wall, {cpu:6.2f} s "
+                f"CPU ({collector.seconds:.2f} s in the garbage collector), {steps} steps, "
+                f"{logged} events",
+                flush=True,
+            )
+    on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
+    paired = statistics.median(a / b - 1 for a, b in zip(walls["on"], walls["off"], strict=True))
+    cpu_on, cpu_off = statistics.median(cpus["on"]), statistics.median(cpus["off"])
+    summary: dict[str, object] = {
+        "num_requests": num_requests,
+        "num_steps": steps,
+        "num_events": num_events,
+        "wall_on": walls["on"],
+        "wall_off": walls["off"],
+        "cpu_on": cpus["on"],
+        "cpu_off": cpus["off"],
+        "gc_on": gcs["on"],
+        "gc_off": gcs["off"],
+        "median_on": on,
+        "median_off": off,
+        "overhead": on / off - 1,
+        "overhead_paired": paired,
+        "overhead_cpu": cpu_on / cpu_off - 1,
+        "cost_per_step_us": 1e6 * (on - off) / steps,
+        "step_wall_us": 1e6 * off / steps,
+    }
+    print(
+        f"{num_requests} requests: median wall on {on:.2f} s, off {off:.2f} s: decision events "
+        f"cost {100 * (on / off - 1):+.2f}% (median of the pairs {100 * paired:+.2f}%; CPU time "
+        f"{100 * (cpu_on / cpu_off - 1):+.2f}%), {1e6 * (on - off) / steps:.2f} us per step of "
+        f"{1e6 * off / steps:.0f} us; {num_events} events logged",
+        flush=True,
+    )
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-requests", type=int, default=10_000)
+    parser.add_argument("--num-requests", type=int, nargs="+", default=[10_000])
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--saturation-requests", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
@@ -86,46 +143,14 @@ def main() -> None:
         build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False),
     )
     rate = args.load * summarize(saturated.records).overall.request_throughput
-    print(f"{cpu_model()}; chat at {rate:.1f} req/s, {args.num_requests} requests", flush=True)
-    walls: dict[str, list[float]] = {"on": [], "off": []}
-    gcs: dict[str, list[float]] = {"on": [], "off": []}
-    steps = num_events = 0
-    for i in range(args.repeats):
-        for arm in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            with GCTimer() as collector:
-                wall, steps, logged = run(
-                    args.num_requests, rate, args.seed, DEFAULT_CAPACITY if arm == "on" else 0
-                )
-            walls[arm].append(wall)
-            gcs[arm].append(collector.seconds)
-            num_events = max(num_events, logged)
-            print(
-                f"  events {arm:>3}: {wall:6.2f} s wall ({collector.seconds:.2f} s in the "
-                f"garbage collector), {steps} steps, {logged} events",
-                flush=True,
-            )
-    on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
-    summary = {
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
-        "num_requests": args.num_requests,
-        "rate": rate,
-        "num_steps": steps,
-        "num_events": num_events,
-        "wall_on": walls["on"],
-        "wall_off": walls["off"],
-        "gc_on": gcs["on"],
-        "gc_off": gcs["off"],
-        "median_on": on,
-        "median_off": off,
-        "overhead": on / off - 1,
-        "cost_per_step_us": 1e6 * (on - off) / steps,
-        "step_wall_us": 1e6 * off / steps,
-    }
-    print(
-        f"median wall: on {on:.2f} s, off {off:.2f} s: decision events cost "
-        f"{100 * summary['overhead']:+.2f}% ({summary['cost_per_step_us']:.2f} us per step of "
-        f"{summary['step_wall_us']:.0f} us); {num_events} events logged"
+    model, flags = cpuinfo()
+    wanted = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
+    machine = f"{model}, {os.cpu_count()} cores, flags: " + " ".join(
+        f for f in wanted if f in flags.split()
     )
+    print(f"{machine}; chat at {rate:.1f} req/s", flush=True)
+    runs = [measure(n, rate, args.seed, args.repeats) for n in args.num_requests]
+    summary = {"machine": machine, "rate": rate, "repeats": args.repeats, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
 

@@ -35,10 +35,10 @@ object per allocation). A step that evicted adds three numbers to one flat array
 its time, and where its span of those lists ends), inline in `end_step`, no object either: a
 kept tuple per step made the garbage collector run more often, and its full passes are what a
 long run pays. The order of evictions among the other events costs the eviction nothing: each
-of the rarer other events notes how many evictions came before it. The lists are a bounded detail ring of their own
-(`detail_capacity` blocks, the older half dropped when they hold twice that); an `Eviction` is
-built from them when it is read, and one whose detail has been dropped keeps its count and
-loses its block and request ids.
+of the rarer other events notes how many evictions came before it. The lists are a bounded
+detail ring of their own (`detail_capacity` blocks, the older half dropped when they hold twice
+that); an `Eviction` is built from them when it is read, and one whose detail has been dropped
+keeps its count and loses its block and request ids.
 """
 
 from __future__ import annotations

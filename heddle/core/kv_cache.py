@@ -39,6 +39,8 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, KVBlock] = {}
         self.num_evictions = 0  # cached blocks whose contents were dropped to reuse the block
+        # Free blocks that still hold a cached prefix (the view's KV map), kept as they move.
+        self.num_cached_free_blocks = 0
         # When set (a decision log's two lists): each evicted block's id, the request it went to.
         self.eviction_log: tuple[MutableSequence[int], list[str]] | None = None
 
@@ -66,6 +68,7 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 self._uncache(block)
+                self.num_cached_free_blocks -= 1
                 if log is not None:
                     log[0].append(block_id)
                     log[1].append(for_request)
@@ -77,6 +80,8 @@ class BlockPool:
         """Take a reference to a block found in the prefix cache (it may be free)."""
         if block.ref_count == 0:
             del self._free[block.block_id]
+            if block.block_hash is not None:
+                self.num_cached_free_blocks -= 1
         block.ref_count += 1
 
     def release(self, blocks: Sequence[KVBlock]) -> None:
@@ -87,6 +92,8 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self._free[block.block_id] = None
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks += 1
 
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
@@ -97,6 +104,8 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        if block.ref_count == 0:
+            self.num_cached_free_blocks += 1
 
     def _uncache(self, block: KVBlock) -> None:
         if block.block_hash is not None:
@@ -118,6 +127,12 @@ class BlockPool:
         for block_hash, block in self._cached.items():
             if block.block_hash != block_hash:
                 raise AssertionError(f"cache maps hash to block {block.block_id} with another hash")
+        cached_free = sum(1 for i in self._free if self.blocks[i].block_hash is not None)
+        if cached_free != self.num_cached_free_blocks:
+            raise AssertionError(
+                f"{cached_free} free blocks hold a cached prefix, the count says "
+                f"{self.num_cached_free_blocks}"
+            )
 
 
 class KVCacheManager:
@@ -274,6 +289,7 @@ class KVCacheManager:
         block = pool.blocks[block_id]
         if block.block_hash is not None:
             pool._uncache(block)
+            pool.num_cached_free_blocks -= 1
             log = pool.eviction_log
             if log is not None:
                 log[0].append(block_id)

@@ -6,10 +6,12 @@ are all still known) and hands plain data to a sink: a `StepRow`, the decision e
 since the last step, and the wall time the step ended. Whatever carries those across a thread
 or a process boundary needs nothing else from the engine.
 
-Gauges that cost a pass over the queues (requests per class and lane, KV blocks per class,
-cached free blocks) are refreshed every `stride` steps, with the stride chosen so that a pass
-costs about as much per step as a step's own batch: long queues are sampled, not walked every
-step.
+Gauges that cost a pass over the queues (requests per class and lane, KV blocks per class)
+are refreshed every `stride` steps, with the stride chosen so that a pass costs about as much
+per step as a step's own batch: long queues are sampled, not walked every step. The cached
+free blocks are the pool's own count (`BlockPool.num_cached_free_blocks`): a walk over the free
+pool (tens of thousands of blocks on a large GPU's pool) every few steps was most of what
+recording a simulation for the view cost.
 """
 
 from __future__ import annotations
@@ -113,8 +115,8 @@ class StepProbe:
         scale = used / total_held if total_held else 0.0
         self._kv_used = {cls: blocks * scale for cls, blocks in held.items()}
         self._running, self._waiting = running, waiting
-        self._kv_cached = _cached_free_blocks(kv)
-        visited = len(scheduler.running) + len(scheduler.waiting) + kv.num_free_blocks // 8
+        self._kv_cached = kv.pool.num_cached_free_blocks
+        visited = len(scheduler.running) + len(scheduler.waiting)
         self._steps_to_refresh = max(1, visited // _WALK_BUDGET)
 
 
@@ -123,12 +125,3 @@ def _queue_key(request_class: str, lane: str) -> str:
         return request_class
     return f"{request_class}/{lane}"
 
-
-def _cached_free_blocks(kv: Any) -> int:
-    """Free blocks that still hold a cached prefix (reusable until the pool hands them out)."""
-    pool = kv.pool
-    counter = getattr(pool, "num_cached_free_blocks", None)
-    if counter is not None:
-        return int(counter)
-    blocks = pool.blocks
-    return sum(1 for block_id in pool._free if blocks[block_id].block_hash is not None)
