@@ -69,6 +69,44 @@ def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, 
     return result.wall_seconds, cpu, result.num_steps, 0 if log is None else log.num_events
 
 
+def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
+    """What the log is asked to do in one run (events on): the work behind its cost. These
+    are counts on the simulator's virtual clock, the same on any machine."""
+    config = EngineConfig(
+        cache=CacheConfig(block_size=16),
+        scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+    )
+    workload = get_workload("chat", seed=seed, num_requests=num_requests, rate=rate)
+    engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False)
+    result = simulate(workload, engine)
+    assert result.engine is not None
+    log = result.engine.scheduler.events
+    assert log is not None
+    by_kind: dict[str, int] = {}
+    for event in log:  # the newest `capacity` events
+        name = type(event).__name__
+        by_kind[name] = by_kind.get(name, 0) + 1
+    steps = result.num_steps
+    evictions = log._num_evictions
+    out: dict[str, object] = {
+        "num_requests": num_requests,
+        "num_steps": steps,
+        "num_events": log.num_events,
+        "eviction_events": evictions,
+        "other_events": log.num_events - evictions,
+        "evicted_blocks": log.num_evicted_blocks,
+        "kept_events_by_kind": by_kind,
+        "per_step": {
+            "evicted_blocks": log.num_evicted_blocks / steps,
+            "eviction_events": evictions / steps,
+            "other_events": (log.num_events - evictions) / steps,
+            "requests": num_requests / steps,
+        },
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def measure(num_requests: int, rate: float, seed: int, repeats: int) -> dict[str, object]:
     """Events on and off at one length, alternating which arm goes first."""
     walls: dict[str, list[float]] = {"on": [], "off": []}
@@ -130,6 +168,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="results/events_cost.json")
+    parser.add_argument(
+        "--counts",
+        action="store_true",
+        help="untimed: what the log records per step at each length (deterministic)",
+    )
     args = parser.parse_args()
 
     from heddle.metrics import summarize
@@ -149,7 +192,10 @@ def main() -> None:
         f for f in wanted if f in flags.split()
     )
     print(f"{machine}; chat at {rate:.1f} req/s", flush=True)
-    runs = [measure(n, rate, args.seed, args.repeats) for n in args.num_requests]
+    if args.counts:
+        runs = [counts(n, rate, args.seed) for n in args.num_requests]
+    else:
+        runs = [measure(n, rate, args.seed, args.repeats) for n in args.num_requests]
     summary = {"machine": machine, "rate": rate, "repeats": args.repeats, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")

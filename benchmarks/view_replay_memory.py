@@ -10,6 +10,14 @@ neither should grow with the run's length.
 
     .venv/bin/python benchmarks/view_replay_memory.py --num-requests 100000
     .venv/bin/python benchmarks/view_replay_memory.py --run results/view_100k/simulate.json
+
+In two pieces (each one job of a few minutes on a shared machine): `--simulate-only` runs the
+same simulation as `heddle simulate --output-dir` (its `simulate_once` and view recorder) and
+writes only the view file, not the run's JSON of every token (hundreds of MB at 100k requests,
+which the view does not read); then `--run` on that view file opens it in the browser.
+
+    .venv/bin/python benchmarks/view_replay_memory.py --num-requests 100000 --simulate-only
+    .venv/bin/python benchmarks/view_replay_memory.py --run results/view_100000/simulate.view.json.gz
 """
 
 from __future__ import annotations
@@ -54,6 +62,36 @@ def renderer_rss_mb() -> float:
     return largest / 1024
 
 
+def simulate_view_only(num_requests: int, rate: float) -> None:
+    """`heddle simulate --workload chat --rate R --num-requests N --model llama-3.1-8b
+    --hardware h100 --output-dir results/view_N`, writing only `simulate.view.json.gz`."""
+    from heddle.cli.main import build_parser
+    from heddle.sim.cli import simulate_once
+    from heddle.view.record import ViewRecorder
+
+    directory = Path(f"results/view_{num_requests}")
+    args = build_parser().parse_args(
+        [
+            "simulate", "--workload", "chat", "--rate", str(rate),
+            "--num-requests", str(num_requests), "--model", "llama-3.1-8b",
+            "--hardware", "h100", "--output-dir", str(directory), "--no-progress",
+        ]
+    )  # fmt: skip
+    title = f"simulate chat @ {rate} req/s — {args.policy}, {args.model} on {args.hardware}"
+    recorder = ViewRecorder(title, info={"command": "simulate", "label": args.label})
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    _, result = simulate_once(args, args.rate, False, recorder)
+    view = recorder.save(directory / f"{args.label}.view.json.gz", result.records)
+    print(
+        f"{len(result.records)} requests, {result.num_steps} steps simulated in "
+        f"{result.wall_seconds:.0f} s wall; with the view file {time.perf_counter() - started:.0f} "
+        f"s wall, {time.process_time() - cpu_started:.0f} s CPU; wrote {view} "
+        f"({view.stat().st_size / 1e6:.1f} MB)",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=100_000)
@@ -62,8 +100,14 @@ def main() -> None:
     parser.add_argument("--play-seconds", type=float, default=20.0)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--output", default="results/view_replay_memory.json")
+    parser.add_argument(
+        "--simulate-only", action="store_true", help="write the run's view file and stop"
+    )
     args = parser.parse_args()
 
+    if args.simulate_only:
+        simulate_view_only(args.num_requests, args.rate)
+        return
     if args.run is None:
         directory = Path(f"results/view_{args.num_requests}")
         command = [
@@ -83,13 +127,13 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from heddle.view.cli import build_view_app, load_store
-    from heddle.view.saved import view_path_for
+    from heddle.view.saved import SUFFIX, view_path_for
 
     started = time.perf_counter()
     store = load_store(str(run))
     load_seconds = time.perf_counter() - started
     meta = store.meta()
-    view_file = view_path_for(run)
+    view_file = run if run.name.endswith(SUFFIX) else view_path_for(run)
     print(
         f"loaded {meta['num_steps']} steps, {meta['num_requests']} requests, "
         f"{meta['num_events']} events in {load_seconds:.1f} s "
