@@ -48,6 +48,7 @@ from heddle.model.profiling import dispatch_rows, profile_executor, profile_mode
 from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
+from heddle.sim.profiled import ProfiledCostModel
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.sim.step_error import bucket, step_errors
 from heddle.sim.warmup import BACK_TO_BACK_S, DEFAULT_GAPS_S
@@ -60,6 +61,9 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 METRICS = ("ttft", "tpot", "e2e")
 GAP_EDGES_S = (0.0005, 0.002, 0.01, 0.1)  # bins of the idle gap before a real step
+# A real step over this many times the profile's price for its shape is a stall: the machine
+# (another process on a core, the host), not the shape (the worst shape errors are ~1.5x).
+STALL_FACTOR = 3.0
 QUANTILES = ("p50", "p90", "p99")
 
 
@@ -144,7 +148,8 @@ def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> d
     real_run = replay(engine, workload, vocab_size=vocab)
     real = summarize(real_run.records)
     out: dict[str, Any] = {"steps": recorder.steps, "gaps": recorder.gaps,
-                           "elapsed": real_run.elapsed}  # fmt: skip
+                           "elapsed": real_run.elapsed,
+                           "stalls": stalls(cost.with_warmup(None), recorder.steps)}  # fmt: skip
     for name, model in (("rows", cost), ("rows_shape_only", cost.with_warmup(None))):
         sim = build_sim_engine(
             config,
@@ -158,6 +163,14 @@ def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> d
         if name == "rows":
             out["ttft_parts"] = ttft_parts(real_run.records, sim_run.records)
     return out
+
+
+def stalls(cost: Any, steps: list[tuple[StepShape, float]]) -> list[float]:
+    """[stalled steps, seconds they took beyond the model's price]: steps over STALL_FACTOR
+    times their price."""
+    over = [seconds - cost.step_time(shape) for shape, seconds in steps
+            if seconds > STALL_FACTOR * cost.step_time(shape)]  # fmt: skip
+    return [float(len(over)), sum(over)]
 
 
 def ttft_parts(real: list[Any], sim: list[Any]) -> dict[str, float]:
@@ -234,7 +247,6 @@ def resimulate(results_path: str, cost_model_path: str) -> None:
     """Simulate a saved run's cases again with another cost model (e.g. one fit by `heddle
     profile --from-run` to that run's steps) against the real runs' saved measurements."""
     from heddle.model_shape import ModelShape
-    from heddle.sim.profiled import ProfiledCostModel
 
     saved = json.loads(Path(results_path).read_text())
     cost = ProfiledCostModel.load(cost_model_path)
@@ -278,6 +290,12 @@ def table(results_path: str) -> None:
         print(f"| {case['workload']} @ {case['rate']} | "
               + " | ".join(f"{100 * errors[m]:+.1f}%".replace("-", "−") for m in metrics) + " |")
     for case in saved["cases"]:
+        free = case.get("median_rel_error_stall_free")
+        run_stalls = [r.get("stalls") for r in case["runs"]]
+        print(f"{case['workload']} @ {case['rate']}: stalls per run {run_stalls}"
+              + ("" if free is None else f"; median of the {case['num_stall_free']} stall-free "
+                 "runs: " + ", ".join(f"{m} {100 * free[m]:+.1f}%" for m in metrics)))
+    for case in saved["cases"]:
         shape_only = case["median_rel_error_shape_only"]
         print(f"{case['workload']} @ {case['rate']}: shape-only TTFT p50 "
               f"{100 * shape_only['ttft p50']:+.1f}%, p99 {100 * shape_only['ttft p99']:+.1f}%; "
@@ -294,7 +312,6 @@ def halves(saved: dict[str, Any], steps_path: Path) -> None:
     profile's back-to-back prediction, back to back vs after >= 100 ms idle, in the first and
     the second half of each real run (the step log holds the runs in order)."""
     from heddle.model.step_log import load_step_gaps, load_steps
-    from heddle.sim.profiled import ProfiledCostModel
 
     if not steps_path.exists():
         return
@@ -319,6 +336,16 @@ def halves(saved: dict[str, Any], steps_path: Path) -> None:
             print(f"{workload} @ {rate}, steps with prefill, measured / back-to-back profile: "
                   + "; ".join(f"{k} {statistics.median(v):.3f} ({len(v)})"
                               for k, v in sorted(ratios.items())))  # fmt: skip
+
+
+def save_step_log(output: str, executor: Any, machine: str,
+                  steps: list[tuple[StepShape, float]], gaps: list[float | None]) -> Path:  # fmt: skip
+    """The real runs' steps beside `output` (`.steps.json`), for `heddle profile --from-run`."""
+    path = Path(output).with_suffix(".steps.json")
+    save_steps(path, steps, {"dtype": str(executor.dtype), "model": executor.model_name,
+                             "machine": machine, "dispatch_rows": list(dispatch_rows(executor))},
+               gaps=gaps)  # fmt: skip
+    return path
 
 
 def _summary_value(summary: Any, metric: str) -> float:
@@ -354,7 +381,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--resimulate", default=None, metavar="RESULTS.json",
                         help="no real runs: simulate this saved run's cases with --cost-model")
-    parser.add_argument("--cost-model", default=None, metavar="PROFILE.json")
+    parser.add_argument("--cost-model", default=None, metavar="PROFILE.json",
+                        help="with --resimulate: the model to simulate with; else use it for "
+                        "the real runs' simulations instead of profiling first")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help=f"comma-separated, of {', '.join(WORKLOADS)}")
     parser.add_argument("--table", default=None, metavar="RESULTS.json",
                         help="print a saved run's figures as the docs' markdown")
     args = parser.parse_args()
@@ -367,34 +398,47 @@ def main() -> None:
         resimulate(args.resimulate, args.cost_model)
         return
 
+    names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown or not names:
+        parser.error(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
     config = engine_config(args)
     executor = ModelExecutor(config.model, config.cache)
     idle_shape_names = [bucket(s) for s in idle_shapes(args.budget, args.max_num_seqs)]
     vocab = executor.model_shape.vocab_size
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}"
     started = time.perf_counter()
-    cost = profile_model(
-        executor,
-        max_num_batched_tokens=args.budget,
-        max_num_seqs=args.max_num_seqs,
-        max_context=1024,
-        num_mixed=args.num_mixed,
-        repeats=args.repeats,
-        seed=args.seed,
-        machine=machine,
-        idle_gaps=None if args.no_idle else DEFAULT_GAPS_S,
-        idle_repeats=args.idle_repeats,
-    )
+    if args.cost_model:
+        cost = ProfiledCostModel.load(args.cost_model)
+        print(f"cost model {args.cost_model}: {cost.describe()} ({executor.dtype}, "
+              f"quantization {executor.quantization})")  # fmt: skip
+    else:
+        cost = profile_model(
+            executor,
+            max_num_batched_tokens=args.budget,
+            max_num_seqs=args.max_num_seqs,
+            max_context=1024,
+            num_mixed=args.num_mixed,
+            repeats=args.repeats,
+            seed=args.seed,
+            machine=machine,
+            idle_gaps=None if args.no_idle else DEFAULT_GAPS_S,
+            idle_repeats=args.idle_repeats,
+        )
+        print(f"profiled {cost.metadata.extra['num_shapes']} shapes in "
+              f"{time.perf_counter() - started:.0f} s ({executor.dtype}, quantization "
+              f"{executor.quantization})")  # fmt: skip
+        # The profile itself, for `heddle simulate --cost-model` and --resimulate.
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        cost.save(Path(args.output).with_suffix(".profile.json"))
     fit = cost.metadata.fit
-    print(f"profiled {cost.metadata.extra['num_shapes']} shapes in "
-          f"{time.perf_counter() - started:.0f} s ({executor.dtype}, quantization "
-          f"{executor.quantization})")  # fmt: skip
     if fit is not None:
         print("\n".join(fit.lines()))
     idle = cost.metadata.extra.get("idle")
     if cost.warmup is not None and idle is not None:
         print("\n".join(cost.warmup.lines()))
-        print_idle(idle, idle_shape_names)
+        if "per_shape_base_s_and_ratio" in idle:  # measured (a --from-run fit has no shapes)
+            print_idle(idle, idle_shape_names)
     one_thread = None
     if args.idle_one_thread and idle is not None:
         # Worker threads that fell asleep, or the machine (caches, clocks)? One thread has no
@@ -430,12 +474,13 @@ def main() -> None:
         "model_shape": dataclasses.asdict(executor.model_shape),
         "runs_per_case": args.runs,
         "profile": cost.coefficients,
+        "cost_model_file": args.cost_model,
         "profile_fit": None if fit is None else fit.lines(),
         "cases": [],
     }
     all_steps: list[tuple[StepShape, float]] = []
     all_gaps: list[float | None] = []
-    for name, options in WORKLOADS.items():
+    for name, options in ((n, WORKLOADS[n]) for n in names):
         for rate in (float(r) for r in args.rates.split(",")):
             workload = get_workload(
                 name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
@@ -448,12 +493,18 @@ def main() -> None:
                 gaps.extend(pair["gaps"])
                 parts.append(pair["ttft_parts"])
                 print(f"{name} @ {rate}: real run {pair['elapsed']:.1f} s, "
-                      f"{len(pair['steps'])} steps")  # fmt: skip
+                      f"{len(pair['steps'])} steps, {int(pair['stalls'][0])} stalls adding "
+                      f"{pair['stalls'][1]:.2f} s")  # fmt: skip
             median = {
                 key: {m: statistics.median(r[key][m]["rel_error"] for r in runs)
                       for m in runs[0][key]}
                 for key in ("rows", "rows_shape_only")
             }  # fmt: skip
+            free = [r for r in runs if not r["stalls"][0]]
+            if free:
+                median["stall_free"] = {m: statistics.median(r["rows"][m]["rel_error"]
+                                                             for r in free)
+                                        for m in runs[0]["rows"]}  # fmt: skip
             per_step = step_errors(cost.with_warmup(None), steps)
             gap_ratios = by_gap(cost, steps, gaps)
             # The engine's own time between two steps with no wait between them.
@@ -465,8 +516,11 @@ def main() -> None:
                     "workload": name,
                     "rate": rate,
                     "options": options,
-                    "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts")}
+                    "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts",
+                                                "stalls", "elapsed")}
                              for r in runs],
+                    "median_rel_error_stall_free": median.get("stall_free"),
+                    "num_stall_free": len(free),
                     "median_rel_error": median["rows"],
                     "median_rel_error_shape_only": median["rows_shape_only"],
                     "step_error": {
@@ -503,6 +557,7 @@ def main() -> None:
             # What is done so far, in case the run is cut short.
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(json.dumps(results, indent=1))
+            save_step_log(args.output, executor, machine, all_steps, all_gaps)
     overall = step_errors(cost.with_warmup(None), all_steps).overall
     idle_steps = [(s, t) for (s, t), g in zip(all_steps, all_gaps, strict=True)
                   if g is None or g > BACK_TO_BACK_S]  # fmt: skip
@@ -520,11 +575,7 @@ def main() -> None:
           f"{100 * overall.median_abs:.1f}%, p90 {100 * overall.p90_abs:.1f}%")  # fmt: skip
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(results, indent=1))
-    steps_path = Path(args.output).with_suffix(".steps.json")
-    save_steps(steps_path, all_steps, {"dtype": str(executor.dtype),
-                                       "model": executor.model_name, "machine": machine,
-                                       "dispatch_rows": list(dispatch_rows(executor))},
-               gaps=all_gaps)  # fmt: skip
+    steps_path = save_step_log(args.output, executor, machine, all_steps, all_gaps)
     print(f"wrote {args.output} and {steps_path} ({len(all_steps)} real steps)")
 
 

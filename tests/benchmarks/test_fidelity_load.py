@@ -1,0 +1,71 @@
+"""benchmarks/fidelity_load.py and sim_fidelity.py's stall count, on a hand-made profile: the
+stall a disturbed cost model injects, the capacity it finds, and the stalls found in a log."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from heddle.sim.cost_model import StepShape
+from heddle.sim.profiled import ProfiledCostModel
+from heddle.sim.specs import load_model_spec
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+PRICES = {"constant": 0.01, "prefill_tokens": 1e-4, "decode_tokens": 1e-3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def benchmarks_on_path():
+    sys.path.insert(0, str(BENCHMARKS))
+    yield
+    sys.path.remove(str(BENCHMARKS))
+
+
+def saved_run() -> dict[str, object]:
+    """What sim_fidelity.py saves that fidelity_load.py reads to rebuild the engine."""
+    shape = load_model_spec("smollm2-135m")
+    return {"budget": 256, "max_num_seqs": 8, "seed": 0, "num_blocks": 512,
+            "max_model_len": 4096, "model_shape": dataclasses.asdict(shape)}  # fmt: skip
+
+
+def test_disturbed_stalls_exactly_the_chosen_steps():
+    import fidelity_load
+
+    base = ProfiledCostModel(PRICES)
+    decode = StepShape((), (10, 20))
+    model = fidelity_load.Disturbed(base, stall_at=2, stall_steps=3, stall_seconds=0.5)
+    times = [model.step_time(decode) for _ in range(7)]
+    price = base.step_time(decode)
+    assert times == pytest.approx([price, price] + [price + 0.5] * 3 + [price, price])
+    assert model.step_time(StepShape()) == 0.0  # an empty step is no step
+    noisy = [fidelity_load.Disturbed(base, noise=0.1, seed=3) for _ in range(2)]
+    first, second = ([m.step_time(decode) for _ in range(20)] for m in noisy)
+    assert first == second and len(set(first)) == 20  # seeded, and it does vary
+
+
+def test_capacity_halves_when_every_step_costs_double():
+    import fidelity_load
+
+    saved = saved_run()
+    options = {"length_scale": 0.1}
+    cheap = fidelity_load.capacity(saved, ProfiledCostModel(PRICES), "chat", options, [40])
+    dear = fidelity_load.capacity(
+        saved, ProfiledCostModel({k: 2 * v for k, v in PRICES.items()}), "chat", options, [40]
+    )
+    assert cheap[0] > 0
+    assert dear[0] == pytest.approx(cheap[0] / 2, rel=1e-6)
+
+
+def test_stalls_counts_steps_far_over_their_price():
+    import sim_fidelity
+
+    cost = ProfiledCostModel(PRICES)
+    decode = StepShape((), (10,))
+    price = cost.step_time(decode)
+    steps = [(decode, price), (decode, 1.5 * price), (decode, 10 * price), (decode, 4 * price)]
+    count, extra = sim_fidelity.stalls(cost, steps)
+    assert count == 2
+    assert extra == pytest.approx(9 * price + 3 * price)
