@@ -138,6 +138,8 @@ def capacity(saved: dict[str, Any], cost: Any, workload_name: str, options: dict
              lengths: list[int]) -> list[float]:  # fmt: skip
     """Saturated requests/s (all requests at t=0, between the 25% and 75% completions) for
     each run length."""
+    if min(lengths) < 8:
+        raise SystemExit(f"error: --capacity needs runs of >= 8 requests, got {lengths}")
     out = []
     for n in lengths:
         records = run_sim(saved, cost, workload_name, options, 1e6, n).records
@@ -162,12 +164,13 @@ def sweep(saved: dict[str, Any], cost: Any, workload_name: str, options: dict[st
         print(f"  {workload_name} @ {rate:g} req/s  " + " | ".join(cells))
 
 
-def sensitivity(saved: dict[str, Any], cost: Any, case: dict[str, Any], args: Any) -> None:
+def sensitivity(saved: dict[str, Any], cost: Any, case: dict[str, Any], args: Any,
+                num_requests: int) -> None:  # fmt: skip
+    """Each figure's move when one stall (or i.i.d. noise) disturbs a run of `num_requests`."""
     base_run = run_sim(saved, cost, case["workload"], case["options"], case["rate"],
-                       saved["num_requests"])  # fmt: skip
+                       num_requests)  # fmt: skip
     base = summarize(base_run.records)
-    num_steps = len(base_run.steps) if getattr(base_run, "steps", None) else None
-    span = num_steps or 400
+    span = max(10, base_run.num_steps)  # the stall starts in the run's first half
     for label, kwargs in (
         (f"stall {args.stall_steps} x {args.stall_seconds:g} s",
          {"stall_steps": args.stall_steps, "stall_seconds": args.stall_seconds}),
@@ -179,12 +182,22 @@ def sensitivity(saved: dict[str, Any], cost: Any, case: dict[str, Any], args: An
             model = Disturbed(cost, stall_at=rng.randrange(span // 10, span // 2), seed=trial,
                               **kwargs)  # fmt: skip
             summary = summarize(run_sim(saved, model, case["workload"], case["options"],
-                                        case["rate"], saved["num_requests"]).records)  # fmt: skip
+                                        case["rate"], num_requests).records)  # fmt: skip
             for f in FIGURES:
                 moves[f].append((value(summary, f) - value(base, f)) / value(base, f))
-        print(f"  {label:22s} " + ", ".join(
+        print(f"  {num_requests} requests, {label:22s} " + ", ".join(
             f"{f} {100 * statistics.median(v):+.0f}% [{100 * min(v):+.0f}, {100 * max(v):+.0f}]"
             for f, v in moves.items()))  # fmt: skip
+
+
+def lengths_of(text: str | None, default: int) -> list[int]:
+    try:
+        lengths = [default] if text is None else [int(n) for n in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: run lengths are comma-separated integers, got {text!r}") from None
+    if min(lengths) < 1:
+        raise SystemExit(f"error: run lengths must be >= 1, got {text!r}")
+    return lengths
 
 
 def main() -> None:
@@ -199,6 +212,8 @@ def main() -> None:
     parser.add_argument("--sweep", default=None, metavar="RATES",
                         help="open-loop rates (req/s) to simulate at each --lengths")
     parser.add_argument("--sensitivity", action="store_true")
+    parser.add_argument("--sensitivity-lengths", default=None, metavar="N,N,...",
+                        help="run lengths for --sensitivity (default: the saved runs' length)")
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--stall-steps", type=int, default=5)
     parser.add_argument("--stall-seconds", type=float, default=0.3)
@@ -220,7 +235,7 @@ def main() -> None:
             raise SystemExit(f"error: --runs needs the step log {steps_path}")
         real_runs(saved, steps_path, cost, args.stall_factor)
     if args.capacity:
-        lengths = [int(n) for n in args.lengths.split(",")]
+        lengths = lengths_of(args.lengths, 0)
         for name, options in WORKLOADS.items():
             caps = capacity(saved, cost, name, options, lengths)
             rates = sorted({c["rate"] for c in saved["cases"]})
@@ -228,7 +243,7 @@ def main() -> None:
                 f"{n} requests {c:.2f} req/s" for n, c in zip(lengths, caps, strict=True))
                 + "; loads " + ", ".join(f"{r:g} = {r / caps[-1]:.2f}x" for r in rates))
     if args.sweep:
-        lengths = [int(n) for n in args.lengths.split(",")]
+        lengths = lengths_of(args.lengths, 0)
         rates = [float(r) for r in args.sweep.split(",")]
         for name, options in WORKLOADS.items():
             sweep(saved, cost, name, options, rates, lengths)
@@ -236,7 +251,8 @@ def main() -> None:
         for case in saved["cases"]:
             print(f"sensitivity {case['workload']} @ {case['rate']} ({args.trials} trials; "
                   "median move [min, max] vs the undisturbed simulation):")
-            sensitivity(saved, cost, case, args)
+            for n in lengths_of(args.sensitivity_lengths, saved["num_requests"]):
+                sensitivity(saved, cost, case, args, n)
 
 
 if __name__ == "__main__":

@@ -69,3 +69,16 @@ def test_stalls_counts_steps_far_over_their_price():
     count, extra = sim_fidelity.stalls(cost, steps)
     assert count == 2
     assert extra == pytest.approx(9 * price + 3 * price)
+
+
+def test_bad_run_lengths_are_refused():
+    import fidelity_load
+
+    assert fidelity_load.lengths_of(None, 30) == [30]
+    assert fidelity_load.lengths_of("30,120", 30) == [30, 120]
+    with pytest.raises(SystemExit, match="comma-separated"):
+        fidelity_load.lengths_of("30,x", 30)
+    with pytest.raises(SystemExit, match=">= 1"):
+        fidelity_load.lengths_of("0", 30)
+    with pytest.raises(SystemExit, match=">= 8 requests"):
+        fidelity_load.capacity(saved_run(), ProfiledCostModel(PRICES), "chat", {}, [4])
