@@ -465,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = sub.add_parser("table", help="print the table of saved JSON files (merged)")
     r.add_argument("files", nargs="+", type=Path)
     r.add_argument("--by", default="load", choices=["load", "num_requests", "throughput", "phase"])
+    r.add_argument("--load", type=float, default=None, help="only the rows at this load")
     for p in (h, s, t, b):
         p.add_argument("--seeds", type=_ints, default=[0, 1, 2])
         p.add_argument("--policy-options", type=_options, default=(), help="k=v,... for all")
@@ -474,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "table":
         rows = [row for f in args.files for row in json.loads(f.read_text())["rows"]]
+        if args.load is not None:
+            rows = [row for row in rows if row["point"]["load"] == args.load]
         machines = sorted({json.loads(f.read_text())["machine"] for f in args.files})
         print(f"<!-- {' '.join(str(f) for f in args.files)}; {'; '.join(machines)} -->")
         print(_render(rows, args.by))
