@@ -366,7 +366,10 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     steps_path = f"results/speculation_real_{args.workload}{args.tag}.steps.json"
     save_steps(steps_path, executor.steps, {"model": model_executor.model_name,
                                             "quantization": model_executor.quantization})
+    from heddle.model.profiling import dispatch_rows
+
     return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
+            "dispatch_rows": list(dispatch_rows(model_executor)),
             "output_len": args.output_len, "repeats": args.repeats,
             "greedy_mismatches": mismatches, "greedy_compared": compared,
             "greedy_mismatches_by_mode": per_mode_mismatches,
@@ -382,22 +385,30 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
     """The simulator fitted to a real run (its saved result and step log): a profiled cost
     model on the logged steps, the acceptance measured in its fixed-K runs; the same closed
     loop at `--sim-streams` in the simulator. Virtual clock: run it under `cpu`, not bench."""
+    from heddle.model.loader import load_model
     from heddle.model.step_log import load_steps
     from heddle.sim.profiled import fit_profile
 
     name = f"results/speculation_real_{args.workload}{args.tag}.json"
     result = json.loads(Path(name).read_text())
     steps, metadata = load_steps(result["steps_log"])
-    cost = fit_profile(steps, model=metadata.get("model", "smollm2-135m"), held_out=0.25)
+    # The kernel-switch terms at the row counts where the executor leaves a quantized kernel
+    # (quantization auto): without them the fit misses the step cost's bend there.
+    switches = result.get("dispatch_rows")
+    if switches is None:
+        switches = args.dispatch_rows
+    cost = fit_profile(steps, model=metadata.get("model", "smollm2-135m"), held_out=0.25,
+                       dispatch_rows=switches)
     fitted = result["fitted"]
     lengths = {int(s): v for s, v in result["lengths"].items()}
-    prompt_lens = {int(s): v for s, v in result["prompt_lens"].items()}
+    # The real prompts themselves: they share the passage, so the prefix cache serves most of
+    # each prompt in the simulator as in the real run.
+    tokenizer = load_model(None).tokenizer
+    assert tokenizer is not None
     sim: list[dict[str, Any]] = []
     for streams in args.sim_streams:
         num = max(args.requests, args.per_stream * streams)
-        # The simulator reads only a prompt's length: the real prompts' lengths, in order.
-        lens = prompt_lens.get(streams) or prompt_lens[max(prompt_lens)]
-        prompts = [[1 + i % 1000] * lens[i % len(lens)] for i in range(num)]
+        prompts = real_prompts(tokenizer, args.workload, num)
         known = lengths.get(streams) or lengths[max(lengths)]
         # Each request's output length as the run without speculation gave it (EOS included).
         params = [SamplingParams(temperature=0.0, max_tokens=max(1, known[i % len(known)]),
@@ -412,6 +423,7 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
             "steps": fit.num_samples, "median_abs_error": fit.median_abs_relative_error,
             "held_out_median_abs": fit.held_out_median_abs},
         "crossover_simulated": crossover(sim, f"fixed-k{result['k']}"),
+        "fit_dispatch_rows": list(switches),
     })
     return result
 
@@ -497,6 +509,8 @@ def main() -> None:
                         default="decode",
                         help="real: verify rows run the linear kernels of the step without "
                         "drafts (decode), of their row count (rows), or both as extra modes")
+    parser.add_argument("--dispatch-rows", type=_ints, default=[],
+                        help="fit: kernel-switch rows, for a result saved without them")
     parser.add_argument("--batch", type=int, default=16, help="invariance: prompts at once")
     parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
     parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
