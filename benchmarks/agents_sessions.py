@@ -19,6 +19,7 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
     python benchmarks/agents_sessions.py by-seed results/swe-scan/agents-sim_*.json  # per seed,
         # growth from 180 to 360 programs (steadiness) and ratios against fcfs+lru
     python benchmarks/agents_sessions.py workload-stats --load 0.35   # what each seed offers
+    python benchmarks/agents_sessions.py plot-queue OUT.png FILES...    # waiting requests, KV use
 
 Per point: program completion time (mean, p50, p95), per-call TTFT (mean, p95), program
 throughput, tokens computed and recomputed (computed beyond what the programs' new tokens need:
@@ -534,6 +535,37 @@ def by_seed(paths: list[str], base: str = "fcfs+lru") -> str:
     return "\n".join(lines)
 
 
+def plot_queue(argv: list[str]) -> None:
+    """The waiting requests and the pool's used share over time of each point in the given
+    JSON files (one line per point), to one PNG: `plot-queue OUT.png FILES...`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    out, paths = argv[0], argv[1:]
+    figure = Figure(figsize=(9, 5))
+    FigureCanvasAgg(figure)
+    waiting_axes = figure.add_subplot(2, 1, 1)
+    used_axes = figure.add_subplot(2, 1, 2, sharex=waiting_axes)
+    title = ""
+    for path in paths:
+        for point in json.loads(Path(path).read_text())["points"]:
+            series = point.get("queue_series") or []
+            if not series:
+                raise SystemExit(f"{path}: no queue_series (run with this version)")
+            label = (f"{point['policy']}+{point['retention']}, seed {point['seed']}, "
+                     f"{point['num_programs']} programs")
+            xs = [t for t, *_ in series]
+            waiting_axes.plot(xs, [w for _, _, w, _ in series], label=label, linewidth=1)
+            used_axes.plot(xs, [100 * u for _, u, _, _ in series], label=label, linewidth=1)
+            title = f"{point['workload']} at {point['load']:g} programs/s"
+    waiting_axes.set_title(f"{title}: requests waiting, and the KV pool in use")
+    waiting_axes.set_ylabel("requests waiting")
+    used_axes.set_ylabel("pool used (%)")
+    used_axes.set_xlabel("time (s)")
+    waiting_axes.legend(fontsize=8)
+    figure.savefig(out, dpi=110, bbox_inches="tight")
+
+
 def workload_stats(argv: list[str]) -> str:
     """What each seed's draw of a workload offers: the realized arrival rate, the programs'
     final contexts (mean, p95, how many exceed a quarter of the pool) and the context the programs
@@ -580,6 +612,9 @@ def workload_stats(argv: list[str]) -> str:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "plot-queue":
+        plot_queue(sys.argv[2:])
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "workload-stats":
         print(workload_stats(sys.argv[2:]))
         return
