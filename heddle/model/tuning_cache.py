@@ -11,8 +11,12 @@ finds its key's file applies it without timing anything; one that does not times
 file atomically, and holds a lock meanwhile so that processes starting at once wait for the
 first one's plan instead of timing their own. A plan timed on a busy machine (one path's rounds
 spread by more than NOISY_SPREAD of their median, an outlier at each end not counted) is cached
-all the same, with its spread, and a warning says to time it again on a quiet machine
-(`--retune-kernels`): the same kernels in every process come first.
+all the same, with its spread and the machine's load average, and a warning says to time it
+again on a quiet machine (`--retune-kernels`): the same kernels in every process come first.
+Such a plan is not kept for ever: the first process that finds it while the machine is quiet
+(1-minute load average under QUIET_LOAD per CPU) times it again and replaces it, once. A plan
+written before the load was recorded counts as busy. A plan timed on a quiet machine is final
+until `--retune-kernels`.
 
 Cache directory: $HEDDLE_TUNING_CACHE, else $XDG_CACHE_HOME/heddle/tuning (~/.cache/...).
 `ModelConfig.retune_kernels` (`--retune-kernels`) times again and overwrites the file.
@@ -51,6 +55,30 @@ from heddle.model.linear_plan import (
 logger = logging.getLogger(__name__)
 
 PLAN_FORMAT = 1
+# A cached plan timed on a busy machine is timed again by the first process that starts while
+# the 1-minute load average is under this share of the CPUs (a test run or a second server
+# keeps the load above it, so processes that run side by side still share one plan).
+QUIET_LOAD = 0.25
+# A plan whose tuning saw a load average of at least this share of the CPUs counts as busy.
+BUSY_LOAD = 1.0
+
+
+def machine_load() -> float:
+    """The 1-minute load average per CPU (0.0 where the OS does not report it)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def timed_busy(data: dict[str, object]) -> bool:
+    """Whether a cached plan's timings came from a busy machine: spread rounds, a high load
+    average, or no record of the load at all (a plan from before it was kept)."""
+    spread = data.get("spread")
+    load = data.get("load_per_cpu")
+    if not isinstance(load, (int, float)):
+        return True
+    return (isinstance(spread, (int, float)) and spread > NOISY_SPREAD) or load >= BUSY_LOAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +93,8 @@ class KindShape:
 
 
 def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool = False,
-                  clock: Callable[[], float] = time.perf_counter) -> str:
+                  clock: Callable[[], float] = time.perf_counter,
+                  load: Callable[[], float] = machine_load) -> str:
     """Set every two-path layer's row-count threshold from this machine's cached plan, or time
     them (tune_dispatch) and cache the plan. Returns the one-line description of the plan."""
     groups = dispatch_groups(layers)
@@ -78,6 +107,10 @@ def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool
     path = plan_path(key)
     with plan_lock(path):
         cached = None if retune else read_plan(path, key)
+        if cached is not None and timed_busy(cached) and load() < QUIET_LOAD:
+            logger.info("quantization auto: the cached kernel plan %s was timed on a busy "
+                        "machine and this one is quiet: timing it again", path)
+            cached = None
         if cached is not None:
             stored = cached["plan"]
             assert isinstance(stored, dict)
@@ -86,7 +119,9 @@ def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool
             description = describe_plan(plan, kernels)
             logger.info("quantization auto: kernel plan from %s: %s", path, description)
             return description
+        load_before = load()
         choices = tune_dispatch(layers, clock=clock)
+        load_seen = max(load_before, load())
         plan = {c.kind: c.max_rows for c in choices}
         description = describe_plan(plan, kernels)
         timings = {c.kind: {str(rows): list(t) for rows, t in c.timings_us.items()}
@@ -100,7 +135,7 @@ def plan_dispatch(layers: list[DispatchLinear], dtype: torch.dtype, retune: bool
                            "--retune-kernels on a quiet machine to time it again", 100 * spread,
                            100 * NOISY_SPREAD)
         try:
-            write_plan(path, key, plan, timings, description, spread)
+            write_plan(path, key, plan, timings, description, spread, load_seen)
         except OSError as e:  # a read-only cache: the plan still holds for this process
             logger.warning("could not cache the kernel plan at %s: %s", path, e)
         logger.info("quantization auto: tuned kernel plan (cached at %s): %s", path, description)
@@ -153,11 +188,11 @@ def read_plan(path: Path, key: dict[str, object]) -> dict[str, object] | None:
 
 def write_plan(path: Path, key: dict[str, object], plan: dict[str, int],
                timings: dict[str, dict[str, list[float]]], description: str,
-               spread: float = 0.0) -> None:
+               spread: float = 0.0, load_per_cpu: float = 0.0) -> None:
     """Write atomically (a reader sees the old file or the whole new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"key": key, "plan": plan, "description": description, "timings_us": timings,
-            "spread": spread}
+            "spread": spread, "load_per_cpu": load_per_cpu}
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
         json.dump(body, f, indent=1, sort_keys=True)
         tmp = f.name
@@ -193,7 +228,8 @@ def main() -> None:
             data = json.loads(path.read_text())
             key = data["key"]
             print(f"{path}: {key['dtype']}, {key['threads']} threads, torch {key['torch']}, "
-                  f"timing spread {100 * data.get('spread', 0.0):.0f}%: {data['description']}")
+                  f"timing spread {100 * data.get('spread', 0.0):.0f}%, "
+                  f"{'busy' if timed_busy(data) else 'quiet'} machine: {data['description']}")
         except (OSError, ValueError, KeyError, TypeError) as e:
             print(f"{path}: unreadable ({e})", file=sys.stderr)
 

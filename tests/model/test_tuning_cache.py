@@ -57,8 +57,8 @@ def _layers(noise: float, seed: int,
 
 
 def _plan(layers: list[DispatchLinear], now: list[float], dtype=torch.float32,
-          retune: bool = False) -> str:
-    return plan_dispatch(layers, dtype, retune, clock=lambda: now[0])
+          retune: bool = False, load: float = 0.0) -> str:
+    return plan_dispatch(layers, dtype, retune, clock=lambda: now[0], load=lambda: load)
 
 
 def test_the_plan_is_cached_and_reused(tmp_path, monkeypatch):
@@ -107,6 +107,45 @@ def test_a_plan_timed_on_a_busy_machine_is_cached_with_a_warning(tmp_path, monke
     _plan(quiet, now, retune=True)
     assert "noisy" not in caplog.text
     assert json.loads(file.read_text())["spread"] < NOISY_SPREAD
+
+
+def test_a_busy_plan_is_timed_again_once_the_machine_is_quiet(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEDDLE_TUNING_CACHE", str(tmp_path))
+    # Timed at a load of 1.5 per CPU (a busy box): cached, marked busy.
+    busy_plan = _plan(_layers(0.02, seed=0)[0], [0.0], load=1.5)
+    (file,) = tmp_path.glob("plan-*.json")
+    saved = json.loads(file.read_text())
+    assert saved["load_per_cpu"] == 1.5 and tuning_cache.timed_busy(saved)
+    calls = []
+    real_tune = tuning_cache.tune_dispatch
+
+    def counting_tune(*args, **kwargs):
+        calls.append(1)
+        return real_tune(*args, **kwargs)
+
+    monkeypatch.setattr(tuning_cache, "tune_dispatch", counting_tune)
+    # Still busy (or only fairly quiet): every process shares the cached plan, none times.
+    for load in (1.2, 0.5, tuning_cache.QUIET_LOAD):
+        layers, now = _layers(0.02, seed=1)
+        assert _plan(layers, now, load=load) == busy_plan
+    assert calls == []
+    # The first process on a quiet machine times it again and replaces it ...
+    quiet, now = _layers(0.02, seed=2)
+    for layer in quiet:  # the quiet timings say float everywhere
+        layer.small.cost = lambda r: 1000.0  # type: ignore[union-attr]
+    assert _plan(quiet, now, load=0.05) == "qkv: float; down: float"
+    assert len(calls) == 1
+    saved = json.loads(file.read_text())
+    assert saved["load_per_cpu"] == 0.05 and not tuning_cache.timed_busy(saved)
+    # ... once: the quiet plan is final, even on a quiet machine.
+    layers, now = _layers(0.02, seed=3)
+    assert _plan(layers, now, load=0.0) == "qkv: float; down: float"
+    assert len(calls) == 1
+    # A plan cached before the load was recorded counts as busy.
+    del saved["load_per_cpu"]
+    file.write_text(json.dumps(saved))
+    _plan(_layers(0.02, seed=4)[0], [0.0], load=0.0)
+    assert len(calls) == 2
 
 
 @pytest.mark.slow
