@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
-import random
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
+
+import numpy
 
 from heddle.errors import HeddleError
 
@@ -35,11 +38,40 @@ def synthetic_prompt_ids(
             f"cannot draw token ids from [{low}, {high}) with vocab_size {vocab_size}: "
             "pass a smaller `low`"
         )
-    # What `random.Random(seed).choices(range(low, high), k=prompt_len)` draws (the same
-    # floats, floored the same way), without indexing a range object per token.
-    draw = random.Random(seed).random
-    span = float(high - low)
-    return tuple([low + int(draw() * span) for _ in range(prompt_len)])
+    # What `random.Random(seed).choices(range(low, high), k=prompt_len)` draws: numpy's
+    # RandomState is the same Mersenne Twister, seeded the same way (init_by_array over the
+    # seed's 32-bit words) and turning two words into a double the same way, so its
+    # random_sample() gives the same floats, floored the same way, ~5x faster per token.
+    generator = _generator()
+    generator.seed(_mt_key(seed))
+    draws = generator.random_sample(prompt_len)
+    return tuple((low + (draws * float(high - low)).astype(numpy.int64)).tolist())
+
+
+def _mt_key(seed: int | str) -> list[int]:
+    """The init_by_array key `random.Random(seed)` seeds its Mersenne Twister with."""
+    if isinstance(seed, str):  # random.seed(version=2): the bytes and their SHA-512
+        data = seed.encode()
+        seed = int.from_bytes(data + hashlib.sha512(data).digest(), "big")
+    seed = abs(seed)
+    key = [seed & 0xFFFFFFFF]
+    seed >>= 32
+    while seed:
+        key.append(seed & 0xFFFFFFFF)
+        seed >>= 32
+    return key
+
+
+def _generator() -> numpy.random.RandomState:
+    """This thread's RandomState (building one costs ~0.3 ms; re-seeding it, microseconds)."""
+    generator = getattr(_THREAD, "generator", None)
+    if generator is None:
+        generator = _THREAD.generator = numpy.random.RandomState()
+    return generator
+
+
+# Only a cache of the generator object: every draw re-seeds it, so no state carries over.
+_THREAD = threading.local()
 
 
 @dataclass(frozen=True, slots=True)
