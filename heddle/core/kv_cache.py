@@ -95,6 +95,17 @@ class BlockPool:
                 if block.block_hash is not None:
                     self.num_cached_free_blocks += 1
 
+    def release_ids(self, block_ids: Sequence[int]) -> None:
+        """`release` of the blocks with these ids (a block table), without building the list."""
+        blocks, free = self.blocks, self._free
+        for block_id in reversed(block_ids):
+            block = blocks[block_id]
+            if block.ref_count <= 0:
+                raise RuntimeError(f"double free of block {block_id}")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                free[block_id] = None
+
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
 
@@ -304,11 +315,26 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         table = self._tables[request.request_id]
+        committed = request.num_committed_blocks
         num_full = min(request.num_computed_tokens // self.block_size, len(table))
+        if num_full == committed + 1 and committed == len(request.block_hashes) and committed:
+            # The usual case (a decode that filled one block): one hash from the last one,
+            # what `_block_hash` and `register` do, without their general loops.
+            bs = self.block_size
+            tokens = request.all_token_ids[committed * bs : num_full * bs]
+            block_hash = hash_block_tokens(request.block_hashes[-1], tokens)
+            request.block_hashes.append(block_hash)
+            block = self.pool.blocks[table[committed]]
+            cached = self.pool._cached
+            if block.block_hash is None and block_hash not in cached:
+                block.block_hash = block_hash
+                cached[block_hash] = block
+            request.num_committed_blocks = num_full
+            return
         blocks = self.pool.blocks
-        for i in range(request.num_committed_blocks, num_full):
+        for i in range(committed, num_full):
             self.pool.register(blocks[table[i]], self._block_hash(request, i))
-        if num_full > request.num_committed_blocks:
+        if num_full > committed:
             request.num_committed_blocks = num_full
 
     def free(self, request: Request) -> None:
@@ -317,8 +343,7 @@ class KVCacheManager:
         request.num_slots = 0
         request.num_committed_blocks = 0
         if table:
-            blocks = self.pool.blocks
-            self.pool.release([blocks[i] for i in table])
+            self.pool.release_ids(table)
 
     # -- parked sessions --------------------------------------------------------------------
     def park(self, session_id: str, request: Request) -> int:

@@ -357,7 +357,7 @@ class Scheduler:
         so = step.output
         rows, ids, starts = step.requests, so.request_ids, so.num_computed_tokens
         news, samples = so.num_new_tokens, so.sample
-        fast_rows = fast_context = fast_in_prompt = longest = 0
+        fast_rows = fast_context = fast_in_prompt = longest = pending = 0
         tokens_left = step.tokens_left
         for index, request in enumerate(ordered):
             if request.status is not RUNNING:
@@ -388,8 +388,7 @@ class Scheduler:
                 rows.append(request)
                 ids.append(request.request_id)
                 starts.append(start)
-                news.append(1)
-                samples.append(True)
+                pending += 1  # its num_new_tokens (1) and sample (True): appended in a run
                 fast_rows += 1
                 fast_context += start + 1
                 if start < request.num_prompt_tokens:
@@ -415,6 +414,10 @@ class Scheduler:
                 request, start + num_new, ordered, index, preempted, now
             ):
                 continue
+            if pending:
+                news.extend([1] * pending)
+                samples.extend([True] * pending)
+                pending = 0
             if proposal and num_new > 1:
                 step.take(request, lane, num_new, proposal[: num_new - 1])
             else:
@@ -423,6 +426,9 @@ class Scheduler:
             if request.idle:
                 accounting.busy(request)
         step.tokens_left = tokens_left
+        if pending:
+            news.extend([1] * pending)
+            samples.extend([True] * pending)
         step.add_decode_totals(fast_rows, fast_context, fast_in_prompt, longest)
 
     def _allocate_or_preempt(

@@ -60,3 +60,18 @@ def test_simulated_speculation_accepts_at_the_given_rate(capsys):
         steps[acceptance] = int(next(x for x in out.splitlines() if " steps, " in x)
                                 .split(" steps, ")[0].split()[-1])
     assert steps[0.8] < 0.6 * steps[0.0]
+
+
+def test_a_subcommand_imports_only_its_own_module() -> None:
+    """`heddle simulate` / `heddle policies` do not import the server (seconds at start)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from heddle.cli.main import main\n"
+        "assert main(['policies']) == 0\n"
+        "print('heddle.server.args' in sys.modules, 'fastapi' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False False"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -122,3 +123,13 @@ def test_to_dict_is_json_ready() -> None:
     assert data["overall"]["ttft"]["p50"] == 0.5
     assert data["classes"]["b"]["num_failed"] == 1
     assert data["overall"]["slo_attainment"] == 1.0
+
+
+def test_one_class_overall_is_that_class_renamed() -> None:
+    """One request class: the overall row is the class's row (computed once), named "all"."""
+    one = [r for r in records() if r.request_class == "b"]
+    s = summarize(one, duration=2.0)
+    (b,) = s.classes.values()
+    assert s.overall.request_class == "all" and b.request_class == "b"
+    assert s.overall == dataclasses.replace(b, request_class="all")
+    assert (s.overall.num_requests, s.overall.num_completed, s.overall.num_unfinished) == (3, 1, 1)

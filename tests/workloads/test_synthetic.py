@@ -172,6 +172,20 @@ def test_synthetic_prompt_ids() -> None:
         synthetic_prompt_ids(10, vocab_size=50, seed=1)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2**32 - 1, 2**32, 2**70 + 3, -5, "x", "7:prompt"])
+def test_synthetic_prompt_ids_are_random_randoms_draws(seed: int | str) -> None:
+    """The ids (drawn with numpy) are exactly `random.Random(seed)`'s: the same prompts, and so
+    the same prefix hits, as the workloads and golden runs recorded before."""
+    import random
+
+    for n, low, high in ((0, 100, 200), (1, 0, 2), (700, 100, 128256), (50, 5, 6)):
+        draw = random.Random(seed).random
+        expected = tuple(low + int(draw() * (high - low)) for _ in range(n))
+        ids = synthetic_prompt_ids(n, vocab_size=high, seed=seed, low=low)
+        assert ids == expected
+        assert all(type(i) is int for i in ids)
+
+
 def test_requests_have_distinct_prompts() -> None:
     a, b = random_workload(num_requests=2, input_len=64)
     assert a.prompt_ids(1000) != b.prompt_ids(1000)
