@@ -105,6 +105,8 @@ class BlockPool:
             block.ref_count -= 1
             if block.ref_count == 0:
                 free[block_id] = None
+                if block.block_hash is not None:
+                    self.num_cached_free_blocks += 1
 
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
@@ -319,16 +321,12 @@ class KVCacheManager:
         num_full = min(request.num_computed_tokens // self.block_size, len(table))
         if num_full == committed + 1 and committed == len(request.block_hashes) and committed:
             # The usual case (a decode that filled one block): one hash from the last one,
-            # what `_block_hash` and `register` do, without their general loops.
+            # what `_block_hash` does, without its general loop.
             bs = self.block_size
             tokens = request.all_token_ids[committed * bs : num_full * bs]
             block_hash = hash_block_tokens(request.block_hashes[-1], tokens)
             request.block_hashes.append(block_hash)
-            block = self.pool.blocks[table[committed]]
-            cached = self.pool._cached
-            if block.block_hash is None and block_hash not in cached:
-                block.block_hash = block_hash
-                cached[block_hash] = block
+            self.pool.register(self.pool.blocks[table[committed]], block_hash)
             request.num_committed_blocks = num_full
             return
         blocks = self.pool.blocks
