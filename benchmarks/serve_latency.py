@@ -15,12 +15,16 @@ server is idle while the offline engine runs and the other way round, so both ha
 machine's cores.
 
     /work/tools/bench /work/tools/py benchmarks/serve_latency.py
+
+What one run of it can and cannot say: see benchmarks/serve_interference.py (two processes
+started alike differ by up to ~18% per step on the 2-core box; compare several per side).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import re
@@ -143,8 +147,21 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", help="auto | bfloat16 | float32")
     parser.add_argument("--quantization", default=None, help="passed to both engines")
     parser.add_argument("--engine-core", default="process", choices=("process", "thread"))
+    parser.add_argument(
+        "--huge-pages",
+        default="on",
+        choices=("on", "off"),
+        help="THP_MEM_ALLOC_ENABLE=1 / 0 for both sides (this process and the server's core, "
+        "which inherits it): torch's CPU allocator puts tensors of 2 MB and more on transparent "
+        "huge pages. Either way both sides run with the same memory setting.",
+    )
     parser.add_argument("--output", default="results/serve_latency.json")
     args = parser.parse_args()
+    wanted = "1" if args.huge_pages == "on" else "0"
+    if os.environ.get("THP_MEM_ALLOC_ENABLE") != wanted:
+        # torch reads it once, at its first allocation: start again with it set.
+        env = {**os.environ, "THP_MEM_ALLOC_ENABLE": wanted}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     engine_flags = ["--num-threads", str(args.num_threads), "--dtype", args.dtype]
     quantization = {} if args.quantization is None else {"quantization": args.quantization}
@@ -181,11 +198,13 @@ def main() -> None:
             [rng.randrange(100, vocab) for _ in range(args.prompt_len)]
             for _ in range(args.num_requests + 1)
         ]
+        huge = {"offline": huge_pages_mib(os.getpid()), "core": 0.0}
         offline: list[Timing] = []
         served: list[Timing] = []
         engine = llm.engine
         front = psutil.Process(server.pid)
         cores = front.children(recursive=True)
+        huge["core"] = sum(huge_pages_mib(c.pid) for c in cores)
         me = psutil.Process()
         offline_steps = offline_step_seconds = 0.0
         served_steps = served_step_seconds = 0.0
@@ -252,7 +271,8 @@ def main() -> None:
     }
     print(
         f"machine: {cpu_model()}; torch threads {args.num_threads}, dtype {args.dtype}, "
-        f"engine core: {args.engine_core}"
+        f"engine core: {args.engine_core}; THP_MEM_ALLOC_ENABLE={wanted} (huge pages: offline "
+        f"{huge['offline']:.0f} MiB, core {huge['core']:.0f} MiB)"
     )
     print(
         f"{args.num_requests} requests of {args.prompt_len} prompt + {args.output_len} output "
@@ -292,10 +312,24 @@ def main() -> None:
                 "added_share": srv / off - 1,
                 **breakdown,
                 "cpu_per_token_s": cpu_per_token,
+                "thp_mem_alloc_enable": wanted,
+                "anon_huge_pages_mib": huge,
             },
             indent=1,
         )
     )
+
+
+def huge_pages_mib(pid: int) -> float:
+    """A process's memory on transparent huge pages (AnonHugePages, /proc/PID/smaps_rollup)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def as_dict(timing: Timing) -> dict[str, float]:
