@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 
 from heddle.bench.client import run_bench
+from heddle.bench.server import wait_healthy
 from heddle.hostinfo import free_port
 
 
@@ -73,22 +74,6 @@ def start_server(
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
 
-def wait_healthy(server: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(
-                f"the server exited ({server.returncode}): {log.read_text()[-2000:]}"
-            )
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the server did not become healthy in time: {log.read_text()[-2000:]}")
-
-
 def stop(server: subprocess.Popen[bytes]) -> None:
     server.terminate()
     try:
@@ -117,8 +102,11 @@ class Servers:
                 logs.append((server, self.urls[config], log_path))
             start = time.monotonic()
             for server, url, log_path in logs:
-                wait_healthy(server, url, args.start_timeout - (time.monotonic() - start),
-                             log_path)
+                try:
+                    wait_healthy(server, url,
+                                 args.start_timeout - (time.monotonic() - start), log_path)
+                except RuntimeError as e:
+                    raise SystemExit(str(e)) from None
             print(f"# {len(configs)} servers healthy after {time.monotonic() - start:.0f} s",
                   flush=True)
         except BaseException:

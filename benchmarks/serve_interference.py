@@ -45,6 +45,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from heddle.bench.server import wait_healthy
 from heddle.hostinfo import cpu_model, free_port
 
 SERVE = (
@@ -207,18 +208,7 @@ class Server:
                 stdout=log_file, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         self.client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=256))
-        deadline = time.monotonic() + 300
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited; see {log}")
-            try:
-                if self.client.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.5)
+        wait_healthy(self.process, self.url, 300, log, self.client)
         self.model = self.client.get(f"{self.url}/v1/models").json()["data"][0]["id"]
         self.core = psutil.Process(self.process.pid).children(recursive=True)[0]
 

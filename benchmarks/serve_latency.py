@@ -38,6 +38,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from heddle.bench.server import wait_healthy
 from heddle.engine.llm import LLM
 from heddle.hostinfo import free_port
 from heddle.request import SamplingParams
@@ -179,18 +180,7 @@ def main() -> None:
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"the server exited; see {log}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.5)
+        wait_healthy(server, url, 300, log)
         llm = LLM(dtype=args.dtype, num_threads=args.num_threads, **quantization)
         vocab = llm.engine.vocab_size or 32000
         rng = random.Random(0)
