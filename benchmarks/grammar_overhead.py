@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -29,20 +28,11 @@ import torch
 
 from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heddle.engine.engine import Engine
+from heddle.hostinfo import machine_line
 from heddle.model.executor import ModelExecutor
 from heddle.request import SamplingParams
 from heddle.structured.cost import SCHEMA, measure_row_cost
 from heddle.structured.spec import GrammarSpec
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def build_engine(executor: ModelExecutor, batch: int) -> Engine:
@@ -120,7 +110,7 @@ def main() -> None:
         ))
         for i in range(args.batch)
     ]
-    print(f"cpu: {cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    print(f"cpu: {machine_line()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"capability {torch.backends.cpu.get_cpu_capability()}; dtype {executor.dtype}")
     print(f"batch {args.batch}, {args.steps} timed steps x {args.rounds} rounds per setting")
     # Warm up: compile the schema, build the kernels.
@@ -138,7 +128,7 @@ def main() -> None:
                 first.extend(times[: len(times) // 2])
                 second.extend(times[len(times) // 2 :])
                 fills.setdefault(k, []).extend(fill)
-    summary: dict[str, object] = {"cpu": cpu_model(), "threads": torch.get_num_threads(),
+    summary: dict[str, object] = {"cpu": machine_line(), "threads": torch.get_num_threads(),
                                   "batch": args.batch, "steps": args.steps,
                                   "rounds": args.rounds, "schema": SCHEMA, "modes": {}}
     for mode, by_k in results.items():

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -40,7 +39,7 @@ import psutil
 
 from heddle.bench.server import wait_healthy
 from heddle.engine.llm import LLM
-from heddle.hostinfo import free_port
+from heddle.hostinfo import free_port, machine_line
 from heddle.request import SamplingParams
 
 SERVE = (
@@ -49,22 +48,6 @@ SERVE = (
     "sys.argv = ['heddle', 'serve', *sys.argv[1:]]\n"
     "sys.exit(main())\n"
 )
-
-
-def cpu_model() -> str:
-    """The CPU's model name and the vector flags that matter here."""
-    name, flags = platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == platform.machine():
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                have = set(line.split(":", 1)[1].split())
-                wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
-                flags = " ".join(f for f in wanted if f in have)
-    except OSError:
-        pass
-    return f"{name} [{flags}], {psutil.cpu_count()} CPUs"
 
 
 @dataclass(slots=True)
@@ -260,7 +243,7 @@ def main() -> None:
         "served_step_s": served_step_seconds / max(1.0, served_steps),
     }
     print(
-        f"machine: {cpu_model()}; torch threads {args.num_threads}, dtype {args.dtype}, "
+        f"machine: {machine_line()}; torch threads {args.num_threads}, dtype {args.dtype}, "
         f"engine core: {args.engine_core}; THP_MEM_ALLOC_ENABLE={wanted} (huge pages: offline "
         f"{huge['offline']:.0f} MiB, core {huge['core']:.0f} MiB)"
     )
@@ -288,7 +271,7 @@ def main() -> None:
     Path(args.output).write_text(
         json.dumps(
             {
-                "machine": cpu_model(),
+                "machine": machine_line(),
                 "dtype": args.dtype,
                 "engine_core": args.engine_core,
                 "num_threads": args.num_threads,

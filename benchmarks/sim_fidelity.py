@@ -42,6 +42,7 @@ from heddle.clock import WallClock
 from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heddle.engine.engine import Engine
 from heddle.engine.replay import replay
+from heddle.hostinfo import machine_line
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
 from heddle.model.profiling import dispatch_rows, profile_executor, profile_model
@@ -75,20 +76,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs
         ),
     )
-
-
-def cpu_model() -> str:
-    """The CPU's model name and its AVX-512 / AMX flags (from /proc/cpuinfo)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "cpu"
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                 if ln.startswith("model name")), "cpu")  # fmt: skip
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines()
-                  if ln.startswith("flags")), [])  # fmt: skip
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
-    return f"{name}, {info.count('processor')} cpus, " + " ".join(f for f in wanted if f in flags)
 
 
 def compare(real: Any, sim: Any) -> dict[str, dict[str, float]]:
@@ -459,7 +446,7 @@ def main() -> None:
 
     results: dict[str, Any] = {
         "machine": machine,
-        "cpu": cpu_model(),
+        "cpu": machine_line(),
         "dtype": str(executor.dtype),
         "quantization": executor.quantization,
         "idle_warmup": None if cost.warmup is None else cost.warmup.to_json(),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import time
 from pathlib import Path
@@ -22,26 +21,11 @@ from pathlib import Path
 from heddle.clock import VirtualClock
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.engine.engine import Engine
+from heddle.hostinfo import machine_line
 from heddle.request import SamplingParams
 from heddle.sim import RooflineCostModel, SimulatedExecutor
 
 SEATS = 64
-
-
-def cpu_model() -> str:
-    """The CPU's model name and the vector flags that matter here."""
-    name, flags = platform.machine(), ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == platform.machine():
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                have = set(line.split(":", 1)[1].split())
-                wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
-                flags = " ".join(f for f in wanted if f in have)
-    except OSError:
-        pass
-    return f"{name} [{flags}]"
 
 
 def step_cost(policy: str, num_waiting: int, steps: int, seed: int) -> float:
@@ -92,14 +76,14 @@ def main() -> None:
     args = parser.parse_args()
 
     sizes = [int(n) for n in args.waiting.split(",")]
-    print(f"machine: {cpu_model()}; {SEATS} seats, decode steps")
+    print(f"machine: {machine_line()}; {SEATS} seats, decode steps")
     print(f"{'policy':>10} " + " ".join(f"{f'{n} waiting':>14}" for n in sizes) + "   (us/step)")
     table: dict[str, dict[int, float]] = {}
     for policy in args.policies.split(","):
         table[policy] = {n: step_cost(policy, n, args.steps, args.seed) for n in sizes}
         print(f"{policy:>10} " + " ".join(f"{1e6 * table[policy][n]:14.0f}" for n in sizes))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"machine": cpu_model(), "seats": SEATS, "us_per_step": table}, indent=1))
+    Path(args.output).write_text(json.dumps({"machine": machine_line(), "seats": SEATS, "us_per_step": table}, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 from pathlib import Path
@@ -27,6 +28,19 @@ def cpuinfo() -> tuple[str, str]:
 def cpu_model() -> str:
     """The CPU's model name, e.g. for a benchmark's machine line."""
     return cpuinfo()[0]
+
+
+# The flags that decide which kernels heddle runs (fp32 vs bf16, AMX), for a machine line.
+VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def machine_line() -> str:
+    """A benchmark's machine line: the CPU's model name, which of VECTOR_FLAGS it has, and
+    how many CPUs, e.g. 'Intel(R) Xeon(R) Processor [avx2 avx512f ...], 2 CPUs'."""
+    model, flags = cpuinfo()
+    have = set(flags.split())
+    vector = " ".join(f for f in VECTOR_FLAGS if f in have)
+    return f"{model} [{vector}], {os.cpu_count()} CPUs"
 
 
 def free_port() -> int:
