@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 
 from heddle.bench import run_bench
+from heddle.bench.server import wait_healthy
 from heddle.hostinfo import cpu_model, free_port
 from heddle.metrics.stats import LatencyStats
 from heddle.metrics.steady import Refused, window_report
@@ -104,17 +105,7 @@ class Server:
         self.process = subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with status {self.process.returncode}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError("the server did not become ready")
+        wait_healthy(self.process, self.base_url, timeout, poll=0.25)
 
     def metrics(self) -> str:
         return httpx.get(f"{self.base_url}/metrics", timeout=10).text

@@ -20,13 +20,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
+from heddle.bench.server import wait_healthy
 from heddle.hostinfo import cpu_model, free_port
 
 CHROMIUM_ARGS = [
@@ -37,20 +37,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-
-
-def wait_ready(base_url: str, server: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"the server exited with status {server.returncode}")
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become ready")
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -135,7 +121,7 @@ def main() -> None:
     rounds: list[dict[str, Any]] = []
     lags: list[float] = []
     try:
-        wait_ready(base_url, server)
+        wait_healthy(server, base_url)
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             # Warm-up round (first-step compilation, allocator), not counted.

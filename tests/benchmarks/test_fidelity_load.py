@@ -4,8 +4,6 @@ stall a disturbed cost model injects, the capacity it finds, and the stalls foun
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +11,10 @@ from heddle.sim.cost_model import StepShape
 from heddle.sim.profiled import ProfiledCostModel
 from heddle.sim.specs import load_model_spec
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PRICES = {"constant": 0.01, "prefill_tokens": 1e-4, "decode_tokens": 1e-3}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def benchmarks_on_path():
-    sys.path.insert(0, str(BENCHMARKS))
-    yield
-    sys.path.remove(str(BENCHMARKS))
+pytestmark = pytest.mark.usefixtures("benchmarks_on_path")
 
 
 def saved_run() -> dict[str, object]:

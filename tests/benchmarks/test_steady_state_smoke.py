@@ -4,19 +4,10 @@ the JSON it resumes from and the table it prints."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def benchmarks_on_path():
-    sys.path.insert(0, str(BENCHMARKS))
-    yield
-    sys.path.remove(str(BENCHMARKS))
+pytestmark = pytest.mark.usefixtures("benchmarks_on_path")
 
 
 def test_points_rows_and_table(tmp_path):
