@@ -24,6 +24,7 @@ Wall-time figures: run under tools/bench, alone on the machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -32,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,16 +73,25 @@ def start_server(
         "--max-num-seqs", str(args.max_num_seqs), "--offload-blocks", str(offload),
         "--log-level", "warning", "--num-threads", str(args.threads),
     ]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    # Its own process group: a server stopped while it starts would leave its engine core
+    # process behind (the core does not watch its parent while it loads); the group goes whole.
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
-    server.terminate()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGTERM)
     try:
         server.wait(30)
     except subprocess.TimeoutExpired:
-        server.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
         server.wait(10)
+    # The core may outlive the server's own exit by a moment: end what is left of the group.
+    time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
 
 
 class Servers:
@@ -121,20 +132,26 @@ class Servers:
 def run_config(
     config: str, url: str, seed: int, args: argparse.Namespace, options: dict[str, Any]
 ) -> dict[str, Any]:
+    before = httpx.get(f"{url}/health", timeout=10).json()["engine"]
     start = time.perf_counter()
-    result = run_bench(
-        url,
-        args.workload,
-        request_rate=args.request_rate,
-        num_requests=args.num_programs,
-        seed=seed,
-        max_duration=args.max_duration,
-        workload_options=options,
-    )
+    with EngineSampler(url) as sampler:
+        result = run_bench(
+            url,
+            args.workload,
+            request_rate=args.request_rate,
+            num_requests=args.num_programs,
+            seed=seed,
+            max_duration=args.max_duration,
+            workload_options=options,
+        )
     wall = time.perf_counter() - start
     leaked, health = leak_check(url, session_ids(args.workload, seed, args, options))
     programs = result.programs
     assert programs is not None
+    records = [
+        {"arrival": r.arrival_time, "completion": r.completion_time, "calls": r.num_calls}
+        for r in result.program_records
+    ]
     return {
         "config": config,
         "seed": seed,
@@ -144,6 +161,78 @@ def run_config(
         "wall_seconds": wall,
         "kv_blocks_used_at_end": leaked,
         "engine_at_end": health,
+        "preemptions": health["num_preemptions_total"] - before["num_preemptions_total"],
+        "program_records": records,
+        "engine_samples": sampler.samples,
+        "pressure": pressure(sampler.samples, records, args.num_blocks),
+    }
+
+
+class EngineSampler:
+    """Samples the server's /health every `interval` seconds while a run goes on (seconds since
+    the run's start, blocks used (parked included), requests running / waiting): whether KV
+    binds is read from these, not assumed."""
+
+    def __init__(self, url: str, interval: float = 0.5) -> None:
+        self.url, self.interval = url, interval
+        self.samples: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        with httpx.Client(base_url=self.url, timeout=5) as client:
+            while not self._stop.is_set():
+                try:
+                    engine = client.get("/health").json()["engine"]
+                except (httpx.HTTPError, KeyError, ValueError):
+                    engine = None
+                if engine is not None:
+                    self.samples.append([
+                        round(time.perf_counter() - t0, 3), engine["kv_blocks_used"],
+                        engine["num_running"], engine["num_waiting"],
+                    ])
+                self._stop.wait(self.interval)
+
+    def __enter__(self) -> EngineSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def pressure(
+    samples: list[list[float]], records: list[dict[str, Any]], num_blocks: int
+) -> dict[str, Any]:
+    """What the samples say about the run, over the arrival window (first to last program
+    arrival): the pool's mean use, the share of samples with >= 90% of it used, with a request
+    waiting, and with both; and mean completion time of the first and the second half of the
+    programs by arrival (a queue that grows through the run makes the second half slower)."""
+    arrivals = sorted(r["arrival"] for r in records)
+    if not samples or not arrivals:
+        return {}
+    window = [s for s in samples if arrivals[0] <= s[0] <= arrivals[-1]] or samples
+    full = [s[1] >= 0.9 * num_blocks for s in window]
+    waiting = [s[3] > 0 for s in window]
+    ordered = sorted(records, key=lambda r: r["arrival"])
+    half = len(ordered) // 2
+
+    def mean_pct(part: list[dict[str, Any]]) -> float | None:
+        done = [r["completion"] for r in part if r["completion"] is not None]
+        return statistics.fmean(done) if done else None
+
+    return {
+        "mean_used_share": statistics.fmean(s[1] for s in window) / num_blocks,
+        "full_share": statistics.fmean(full),
+        "waiting_share": statistics.fmean(waiting),
+        "full_and_waiting_share": statistics.fmean(
+            a and b for a, b in zip(full, waiting, strict=True)
+        ),
+        "mean_waiting": statistics.fmean(s[3] for s in window),
+        "pct_first_half": mean_pct(ordered[:half]),
+        "pct_second_half": mean_pct(ordered[half:]),
     }
 
 
@@ -200,6 +289,12 @@ def report(row: dict[str, Any]) -> str:
         f"{_f(t['mean'], 3)} s, p95 {_f(t['p95'], 3)}; {p['program_throughput']:.3f} programs/s;"
         f" cached {_f(p['cache_hit_rate'], 3)}; {row['wall_seconds']:.0f} s; leaked KV blocks "
         f"{row['kv_blocks_used_at_end']}"
+        + (f"\n  pressure over the arrivals: pool {q['mean_used_share']:.0%} used on average, "
+           f">= 90% used {q['full_share']:.0%} of the time, a request waiting "
+           f"{q['waiting_share']:.0%} (both {q['full_and_waiting_share']:.0%}; mean "
+           f"{q['mean_waiting']:.1f} waiting); preemptions {row['preemptions']}; PCT first / "
+           f"second half by arrival {_f(q['pct_first_half'])} / {_f(q['pct_second_half'])} s"
+           if (q := row.get("pressure")) else "")
     )
 
 
