@@ -33,9 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from heddle.request import SamplingParams
+
+if TYPE_CHECKING:
+    from heddle.sessions.draft_kv import DraftOrder
 
 
 @dataclass(slots=True)
@@ -96,6 +99,9 @@ class SchedulerOutput:
     # forward pass, out-copies first: (pool block id, tier slot) and (tier slot, pool block id).
     offload_blocks: list[tuple[int, int]] = field(default_factory=list)
     restore_blocks: list[tuple[int, int]] = field(default_factory=list)
+    # What happened to agent sessions since the last step, for a draft model's KV
+    # (heddle/sessions/draft_kv.py); empty unless the executor runs a draft model.
+    draft_session_orders: list[DraftOrder] = field(default_factory=list)
     # Requests that left the engine since the last step (the executor drops their state).
     finished_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)

@@ -309,6 +309,9 @@ class Scheduler:
         if tier is not None and output.request_ids:
             # The second tier's copies go with a step that runs (an empty one is not executed).
             output.offload_blocks, output.restore_blocks = tier.take_copies()
+        if self.sessions.draft_orders and output.request_ids:
+            # Sessions' news for a draft model's KV go with a step that runs, like the copies.
+            output.draft_session_orders = self.sessions.take_draft_orders()
         output.finished_request_ids = self._finished_since_last_step
         output.preempted_request_ids = [r.request_id for r in preempted]
         self._scheduled = step.requests

@@ -96,6 +96,8 @@ class Engine:
             sessions.tier = SecondTier(config.cache.offload_blocks)
         if recompute is not None or copy is not None:
             sessions.costs = Costs(recompute or sessions.costs.recompute_seconds, copy)
+        if getattr(executor, "draft", None) is not None:
+            sessions.track_draft()  # a draft model's KV parks with the session's
         self.inputs = InputProcessor(
             eos_token_id=eos_token_id, max_model_len=max_model_len, vocab_size=vocab_size
         )
@@ -123,6 +125,7 @@ class Engine:
         # Constrained requests of an engine with nothing to mask with (the simulator): only
         # counted, so that each step's `num_constrained` charges their rows in the cost model.
         self._unmasked_grammars: set[str] = set()
+        self._unsent_finishes: list[str] = []  # finishes told by an empty (unexecuted) step
 
     @classmethod
     def from_config(cls, config: EngineConfig, **kwargs: Any) -> Engine:
@@ -317,6 +320,9 @@ class Engine:
         scheduler = self.scheduler
         scheduler_output = scheduler.schedule()
         if scheduler_output.is_empty:
+            # Not executed: the finishes it tells of go with the next step that runs (the
+            # executor's state for them, a draft model's KV among it, would stay forever).
+            self._unsent_finishes.extend(scheduler_output.finished_request_ids)
             finished = scheduler.take_unreported_finishes()
             self._drop_grammars(finished)
             outputs = self.outputs.process(finished)
@@ -333,6 +339,9 @@ class Engine:
                 1 for rid, sample in zip(so.request_ids, so.sample, strict=True)
                 if sample and rid in unmasked
             )  # fmt: skip
+        if self._unsent_finishes:
+            scheduler_output.finished_request_ids[:0] = self._unsent_finishes
+            self._unsent_finishes = []
         start = self.clock.now()
         t1 = time.perf_counter()
         executor_output = self.executor.execute(scheduler_output)

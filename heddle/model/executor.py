@@ -22,6 +22,7 @@ from heddle.model.spec import ModelSpec
 from heddle.model.tier import HostTier
 from heddle.model.tokenizer import Tokenizer
 from heddle.request import SamplingParams
+from heddle.sessions.draft_kv import DraftSessions
 from heddle.spec.rejection import verify
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ class ModelExecutor:
         # Speculation with a draft model (heddle/spec/draft.py, `attach_draft_model`): it fills
         # the draft slots the scheduler granted, in this step, before the forward pass.
         self.draft: DraftModelProposer | None = None
+        self.draft_sessions = DraftSessions()  # paused sessions' draft KV (sessions/draft_kv.py)
         # Verify rows through the decode attention (False: as prefill chunks, the path before;
         # benchmarks/spec_verify_step.py times both).
         self.verify_on_decode_path = True
@@ -154,7 +156,9 @@ class ModelExecutor:
             states.pop(request_id, None)
         for request_id in so.preempted_request_ids:
             states.pop(request_id, None)  # it comes back as a new request (its sampler stays)
-        if self.draft is not None:  # the draft model's K/V goes with the request's
+        if self.draft is not None:  # the draft model's K/V goes with the request's ...
+            if so.draft_session_orders:  # ... unless its session keeps it while paused
+                self.draft_sessions.apply(so.draft_session_orders, self.draft)
             self.draft.forget(so.finished_request_ids)
             self.draft.forget(so.preempted_request_ids)
         for new in so.new_requests:
@@ -203,12 +207,15 @@ class ModelExecutor:
 
         assert self.draft is not None
         wanted = [r for r in rows if r.num_drafts]
+        requests = [
+            ProposalRequest(r.request_id, r.state.token_ids, r.num_drafts,
+                            r.state.sampling_params, r.state.num_prompt_tokens)
+            for r in wanted
+        ]  # fmt: skip
+        if self.draft_sessions.parked:  # paused sessions' draft KV gives way to proposals
+            self.draft_sessions.make_room(self.draft.blocks_wanted(requests), self.draft)
         with torch.inference_mode():
-            proposals = self.draft.propose([
-                ProposalRequest(r.request_id, r.state.token_ids, r.num_drafts,
-                                r.state.sampling_params, r.state.num_prompt_tokens)
-                for r in wanted
-            ])  # fmt: skip
+            proposals = self.draft.propose(requests)
         for r in wanted:
             proposal = proposals.get(r.request_id)
             drafts = proposal.token_ids[: r.num_drafts] if proposal is not None else []

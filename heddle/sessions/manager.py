@@ -17,6 +17,10 @@ parked session is released (its blocks go back to the free pool, still cached un
   waiting one cannot start, the policy names sessions in its order (`reclaim_order`), not LRU;
 - when its turn is aborted or the session is closed (`close_session` on its last turn).
 
+With a draft model (speculation) the manager also tells the executor what happened to each
+session (`DraftOrder`s, taken with every step): the draft model's KV of a paused session is
+kept with it and given up under the draft pool's own pressure (heddle/sessions/draft_kv.py).
+
 What the policy weighs comes from here: the expected remaining pause (heddle.sessions.pauses,
 learned from the gaps between a session's turns, the hint as prior), the context's recompute
 cost (the executor's cost model), the waiting requests' demand for blocks.
@@ -33,6 +37,7 @@ from heddle.core.block_hash import BlockHash
 from heddle.core.kv_cache import KVCacheManager
 from heddle.errors import InvalidRequestError
 from heddle.request import FinishReason, Request
+from heddle.sessions.draft_kv import DraftOrder, DraftOrderKind
 from heddle.sessions.pauses import PauseEstimator
 from heddle.sessions.retention import (
     Costs,
@@ -105,10 +110,38 @@ class SessionManager:
         self.tier: SecondTier | None = None
         self._deciding: _Parked | None = None  # parked by on_finished, decided in on_freed
         self._closing: set[str] = set()  # closed while a turn was in flight: it parks nothing
+        # A draft model's KV (heddle/sessions/draft_kv.py): orders for the executor, and the
+        # sessions whose draft KV may be parked (session -> when), expired like the target's.
+        self.draft_orders: list[DraftOrder] = []
+        self._tracks_draft = False
+        self._draft_parked: dict[str, float] = {}
 
     @property
     def enabled(self) -> bool:
         return self.retention.parks
+
+    def track_draft(self) -> None:
+        """The executor runs a draft model: keep it told about sessions (`take_draft_orders`)."""
+        self._tracks_draft = True
+
+    def take_draft_orders(self) -> list[DraftOrder]:
+        """What happened to sessions since the last step that ran, in order (for the executor)."""
+        orders, self.draft_orders = self.draft_orders, []
+        return orders
+
+    def _draft_order(self, kind: DraftOrderKind, session_id: str, request_id: str | None = None,
+                     ) -> None:
+        if not self._tracks_draft:
+            return
+        if kind is DraftOrderKind.END or kind is DraftOrderKind.RESUME:
+            if self._draft_parked.pop(session_id, None) is None:
+                return
+        elif kind is DraftOrderKind.PARK:
+            self._draft_parked.pop(session_id, None)  # re-inserted: parking order
+            assert request_id is not None
+        elif session_id not in self._draft_parked:
+            return
+        self.draft_orders.append(DraftOrder(kind, session_id, request_id))
 
     # -- scheduler hooks --------------------------------------------------------------------
     def on_arrival(self, request: Request) -> None:
@@ -136,6 +169,7 @@ class SessionManager:
         session = request.session
         if session is None:
             return
+        self._draft_order(DraftOrderKind.RESUME, session.session_id, request.request_id)
         parked = self.parked.get(session.session_id)
         if parked is None:
             return
@@ -167,6 +201,7 @@ class SessionManager:
         tier.stats.blocks_restored += len(copies)
         tier.stats.blocks_found_in_pool += len(self.kv.parked_block_ids(sid)) - len(copies)
         self.parked[sid].offloaded = None
+        self._draft_order(DraftOrderKind.TARGET_POOL, sid)
         return True
 
     def _offloaded_of(self, request: Request) -> Offloaded | None:
@@ -192,6 +227,7 @@ class SessionManager:
             entries.append((block_hash, slot))
         self.kv.unpark(parked.session_id)
         parked.offloaded = Offloaded(entries)
+        self._draft_order(DraftOrderKind.TARGET_OUT, parked.session_id)
         tier.stats.num_offloaded += 1
         tier.stats.blocks_offloaded += own
         self._futile = None
@@ -210,12 +246,16 @@ class SessionManager:
         self._closing.discard(sid)
         if reason is FinishReason.ABORT or session.close or closing:
             self._release(sid)
+            self._draft_order(DraftOrderKind.END, sid)
             self._last_end.pop(sid, None)
             self.estimator.forget(sid)
             return
         self._last_end[sid] = (now, session.tool)
         if not self.enabled:
             return
+        if self._tracks_draft:
+            self._draft_order(DraftOrderKind.PARK, sid, request.request_id)
+            self._draft_parked[sid] = now
         old = self.parked.get(sid)
         if old is not None and old.offloaded is not None:
             self._release(sid)  # a turn that ended without being admitted (never ran)
@@ -261,6 +301,15 @@ class SessionManager:
         for session_id in expired:
             self.stats.num_released_expired += 1
             self._release(session_id)
+        if self._draft_parked:  # a draft model's KV lives no longer than the hard limit
+            ended = []
+            for sid, parked_at in self._draft_parked.items():  # in parking order
+                if now - parked_at < self.max_park_seconds:
+                    break
+                if sid not in self._in_flight:
+                    ended.append(sid)
+            for sid in ended:
+                self._draft_order(DraftOrderKind.END, sid)
 
     def reclaim(
         self,
@@ -322,8 +371,10 @@ class SessionManager:
         """Close a session (the API's close endpoint): its parked KV is released now, a turn in
         flight parks nothing when it ends, and what was learned of its pauses is forgotten.
         False when the engine holds nothing of it (no parked KV, no turn in flight)."""
-        known = session_id in self.parked or session_id in self._in_flight
+        known = (session_id in self.parked or session_id in self._in_flight
+                 or session_id in self._draft_parked)
         self._release(session_id)
+        self._draft_order(DraftOrderKind.END, session_id)
         self._last_end.pop(session_id, None)
         self.estimator.forget(session_id)
         if session_id in self._in_flight:
@@ -334,6 +385,8 @@ class SessionManager:
         """Release every parked session (the engine shuts down, or a run ends)."""
         for sid in list(self.parked):
             self._release(sid)
+        for sid in list(self._draft_parked):
+            self._draft_order(DraftOrderKind.END, sid)
         self._last_end.clear()
 
     # -- queries ----------------------------------------------------------------------------
@@ -389,6 +442,8 @@ class SessionManager:
             self.tier.release(parked.offloaded.slots)
         else:
             self.kv.unpark(session_id)
+        if parked is not None and parked.offloaded is None:
+            self._draft_order(DraftOrderKind.TARGET_OUT, session_id)
         self._futile = None
 
 

@@ -79,6 +79,32 @@ class DraftModelProposer:
                 self._free.extend(state.blocks)
                 self._forgotten.append(request_id)
 
+    def rename(self, old_id: str, new_id: str) -> bool:
+        """Hand `old_id`'s draft K/V to `new_id` (an agent session's next turn takes its
+        paused context's: heddle/sessions/draft_kv.py). False when `old_id` has none."""
+        state = self._states.pop(old_id, None)
+        if state is None:
+            return False
+        self.forget([new_id])
+        self._states[new_id] = state
+        self._forgotten.append(old_id)  # the draft executor's own row state under the old id
+        return True
+
+    def blocks_held(self, request_id: str) -> int:
+        state = self._states.get(request_id)
+        return 0 if state is None else len(state.blocks)
+
+    def blocks_wanted(self, requests: Sequence[ProposalRequest]) -> int:
+        """Free blocks a `propose` of `requests` would take (the ones it reserves)."""
+        wanted = 0
+        for request in requests:
+            if request.k <= 0 or not request.token_ids:
+                continue
+            held = self.blocks_held(request.request_id)
+            wanted += max(0, -(-(len(request.token_ids) + request.k - 1) // self.block_size)
+                          - held)
+        return wanted
+
     def propose(self, requests: Sequence[ProposalRequest]) -> dict[str, DraftProposal]:
         """Up to `k` draft tokens per request, all requests batched in each draft step."""
         active: list[tuple[ProposalRequest, _DraftState, list[int]]] = []
