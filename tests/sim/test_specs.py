@@ -11,7 +11,9 @@ from heddle.sim.specs import hardware_ids, load_hardware_spec, load_model_spec, 
 
 
 def test_shipped_ids():
-    assert model_ids() == ["llama-3.1-70b", "llama-3.1-8b", "qwen2.5-7b", "smollm2-135m"]
+    assert model_ids() == [
+        "llama-3.1-70b", "llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b", "smollm2-135m"
+    ]
     assert hardware_ids() == ["a100", "cpu-2core", "h100", "h200"]
 
 
@@ -21,6 +23,7 @@ def test_shipped_ids():
         ("llama-3.1-8b", 8.03),
         ("qwen2.5-7b", 7.62),
         ("llama-3.1-70b", 70.55),
+        ("llama-3.2-1b", 1.236),  # tied embeddings
         ("smollm2-135m", 0.1345),
     ],
 )
