@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -42,22 +41,7 @@ import httpx
 
 from heddle.bench.client import run_bench
 from heddle.bench.server import wait_healthy
-from heddle.hostinfo import free_port
-
-
-def machine() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        name = next(line.split(":", 1)[1].strip() for line in info.splitlines()
-                    if "model name" in line)
-        present = set(next(line for line in info.splitlines()
-                           if line.startswith("flags")).split())
-        flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8")
-                         if f in present)
-    except (OSError, StopIteration):
-        name, flags = platform.processor(), ""
-    return f"{name}, {os.cpu_count()} cores ({flags})"
+from heddle.hostinfo import free_port, machine_line
 
 
 def start_server(
@@ -356,7 +340,7 @@ def main() -> None:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    print(f"# {' '.join(sys.argv)}\n# machine: {machine()}", flush=True)
+    print(f"# {' '.join(sys.argv)}\n# machine: {machine_line()}", flush=True)
     rows: list[dict[str, Any]] = []
     out = Path(args.output_dir) if args.output_dir else None
     configs = args.configs.split(",")
@@ -373,7 +357,7 @@ def main() -> None:
                 rows.append(row)
                 if out is not None:  # after each run: a run cut short keeps what it has
                     out.mkdir(parents=True, exist_ok=True)
-                    data = {"command": " ".join(sys.argv), "machine": machine(), "rows": rows}
+                    data = {"command": " ".join(sys.argv), "machine": machine_line(), "rows": rows}
                     path = out / f"agents-serve-{args.workload}.json"
                     path.write_text(json.dumps(data, indent=1))
                 print(report(row), flush=True)
