@@ -220,3 +220,37 @@ def test_a_resumed_turn_with_a_draft_model_keeps_its_draft_kv_and_its_greedy_out
         "after-2")  # fmt: skip
     engine.check_integrity()
     assert engine.kv_cache.num_used_blocks == 0
+
+
+def _pressure_run(engine: Engine) -> tuple[list[list[int]], list[str]]:
+    """Sessions a and b park (each ~7 draft blocks of the 24), then a long request needs more
+    draft blocks than are free, then a and b resume."""
+    a, b = list(range(30, 50)), list(range(60, 80))
+    outs = [_run(engine, "a-0", a, session_id="a"), _run(engine, "b-0", b, session_id="b")]
+    outs.append(_run(engine, "long", list(range(100, 148))))
+    sessions = getattr(engine.executor, "draft_sessions", None)
+    parked = list(sessions.parked) if sessions is not None else []
+    outs.append(_run(engine, "a-1", a + outs[0] + [7, 8], session_id="a"))
+    outs.append(_run(engine, "b-1", b + outs[1] + [9], session_id="b", close_session=True))
+    return outs, parked
+
+
+@pytest.mark.slow
+def test_paused_draft_kv_gives_way_to_a_proposal_oldest_first_and_outputs_stay(models):
+    target, draft = models
+    plain, _ = _pressure_run(_engine(target, None, "cost"))
+    engine = _engine(target, draft, "cost")
+    outs, parked_after_long = _pressure_run(engine)
+    assert outs == plain
+    sessions = engine.executor.draft_sessions  # type: ignore[attr-defined]
+    # The long request's proposals needed the room: a's draft KV (the oldest) gave way, b's
+    # stayed and was taken by b's next turn; a's next turn ran its draft over its context.
+    assert sessions.stats.num_dropped_pressure == 1 and parked_after_long == ["b"]
+    assert sessions.stats.num_resumed == 1
+    engine.close_session("a")
+    _run(engine, "after", [1, 2, 3])
+    _run(engine, "after-2", [4, 5, 6])
+    proposer = engine.executor.draft  # type: ignore[attr-defined]
+    assert not sessions.parked and proposer.request_ids == ["after-2"]
+    engine.check_integrity()
+    assert engine.kv_cache.num_used_blocks == 0
