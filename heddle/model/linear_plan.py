@@ -1,9 +1,13 @@
 """Which kernel each linear layer runs, and at which row counts (`--quantization`).
 
 - `none`: the float path (heddle.model.layers.Linear) everywhere.
-- `int8` / `int4`: every projection in int8 (per channel) / int4 (groups of 32), at every row
-  count: the least memory. The LM head stays int8 in `int4` mode (as llama.cpp's Q4 files keep
-  their embeddings at 8 bits).
+- `int8` / `int4`: every projection in int8 / int4 (groups of 32), at every row count: the least
+  memory. Both keep a quantized file's own numbers: `int4` runs the file's Q4_x blocks on the
+  int4 kernel, `int8` runs the file's blocks (Q8_0, or Q4_x as 8-bit codes) in groups of 32
+  (`GroupInt8Linear`); a float weight is quantized at load (int4: min/max per group, int8:
+  symmetric per group, as Q8_0). The LM head stays 8-bit in `int4` mode (as llama.cpp's Q4
+  files keep their embeddings at 8 bits), with the file's own Q8_0 numbers. Where the int4
+  kernel does not take a shape (N not a multiple of 16), int8 runs per output channel.
 - `auto`: on a checkpoint that is already quantized (GGUF Q4_0 / Q4_1 / Q8_0), each projection
   may run a weight-only kernel at the file's own bit width (4-bit blocks run the int4 kernel with
   the file's own numbers; Q8_0 runs int8 per channel) beside the float path, and which one runs
@@ -34,11 +38,13 @@ from heddle.model.layers import Linear
 from heddle.model.quant import (
     QUANTIZATION_MODES,
     BlockQuantized,
+    GroupInt8Linear,
     Int4Linear,
     Int8Linear,
     int4_supported,
     int8_supported,
     quantize_int4_blocks,
+    quantize_int8_blocks,
 )
 
 logger = logging.getLogger(__name__)
@@ -138,12 +144,14 @@ class LinearBuilder:
             if file_blocks.bits == 4 and int4_supported(in_features, out_features):
                 return Int4Linear(file_blocks, self.dtype)
             return Int8Linear(weight, self.dtype)
-        if self.mode == "int4" and kind != "lm_head" and int4_supported(in_features,
-                                                                        out_features):
-            if file_blocks is None or file_blocks.bits != 4:
-                file_blocks = quantize_int4_blocks(weight)
-            return Int4Linear(file_blocks, self.dtype)
-        return Int8Linear(weight, self.dtype)
+        if not int4_supported(in_features, out_features):
+            return Int8Linear(weight, self.dtype)
+        four_bit = file_blocks is not None and file_blocks.bits == 4
+        if self.mode == "int4" and (kind != "lm_head" or four_bit):
+            return Int4Linear(file_blocks if four_bit else quantize_int4_blocks(weight),
+                              self.dtype)
+        return GroupInt8Linear(file_blocks if file_blocks is not None
+                               else quantize_int8_blocks(weight), self.dtype)
 
 
 # A quantized kernel keeps a row count only if it is at least this much faster than the float
@@ -176,6 +184,8 @@ def dispatch_groups(layers: Sequence[DispatchLinear]) -> dict[str, list[Dispatch
 
 
 def kernel_name(layer: DispatchLinear) -> str:
+    if isinstance(layer.small, GroupInt8Linear):
+        return "int8g"
     return "int4" if isinstance(layer.small, Int4Linear) else "int8"
 
 
@@ -256,7 +266,7 @@ def linear_weight_bytes(layer: LinearLayer, rows: int) -> int:
             return linear_weight_bytes(layer.small, rows)
         assert layer.large is not None
         return linear_weight_bytes(layer.large, rows)
-    if isinstance(layer, (Int4Linear, Int8Linear)):
+    if isinstance(layer, (Int4Linear, Int8Linear, GroupInt8Linear)):
         return layer.weight_bytes
     return layer.in_features * layer.out_features * _dtype_bytes(layer)
 

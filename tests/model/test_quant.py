@@ -21,9 +21,11 @@ from heddle.model.linear_plan import (
 )
 from heddle.model.quant import (
     BlockQuantized,
+    GroupInt8Linear,
     Int4Linear,
     Int8Linear,
     quantize_int4_blocks,
+    quantize_int8_blocks,
 )
 
 CPU = torch.device("cpu")
@@ -78,6 +80,37 @@ def test_int8_linear_is_within_its_rounding():
     assert layer.weight_bytes == 32 * 64 + 32 * 4
 
 
+@pytest.mark.parametrize("ggml_type", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0])
+def test_group_int8_linear_computes_the_files_own_numbers(ggml_type):
+    weight = np.random.default_rng(3).standard_normal((48, 96)).astype(np.float32)
+    data = np.ascontiguousarray(gguf_quantize(weight, ggml_type)).view(np.uint8).reshape(-1)
+    blocks = block_quantized(data, ggml_type, (48, 96))
+    x = torch.randn(5, 96)
+    exact = (x.double() @ blocks.dequantize().double().T)
+    # float32: the file's numbers, to float32 rounding (per channel int8 is 100x off).
+    out = GroupInt8Linear(blocks, torch.float32)(x)
+    assert (out.double() - exact).abs().max() < 1e-5 * exact.abs().max()
+    per_channel = Int8Linear(blocks.dequantize(), torch.float32)(x)
+    assert (per_channel.double() - exact).abs().max() > 1e-3 * exact.abs().max()
+    if ggml_type == GGMLQuantizationType.Q4_1:  # bf16: the same numbers as the int4 kernel
+        torch.testing.assert_close(GroupInt8Linear(blocks, torch.bfloat16)(x.bfloat16()),
+                                   Int4Linear(blocks, torch.bfloat16)(x.bfloat16()))
+    layer = GroupInt8Linear(blocks, torch.bfloat16)
+    assert layer.weight_bytes == 48 * 96 + (2 * 96 // 32) * 48 * 2 * 2
+
+
+def test_int8_blocks_are_within_half_a_step():
+    torch.manual_seed(4)
+    weight = torch.randn(16, 64)
+    blocks = quantize_int8_blocks(weight)
+    assert blocks.bits == 8 and blocks.codes.dtype == torch.int8
+    step = blocks.scales.repeat_interleave(32, dim=1)
+    assert ((blocks.dequantize() - weight).abs() <= step / 2 + 1e-6).all()
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(GroupInt8Linear(blocks, torch.float32)(x),
+                               x @ blocks.dequantize().T, atol=1e-4, rtol=1e-4)
+
+
 def _file_blocks(weight: torch.Tensor) -> BlockQuantized:
     return quantize_int4_blocks(weight)
 
@@ -105,14 +138,22 @@ def test_builder_modes():
     assert plain.mode == "none"
     assert isinstance(plain.build("qkv", names, weights), Linear)
 
-    # int4: no float copy; the LM head stays int8.
+    # int4: no float copy; the LM head stays 8-bit, in groups of 32.
     int4 = LinearBuilder("int4", torch.float32, CPU, {})
     layer = int4.build("gate_up", names, weights)
     assert isinstance(layer, DispatchLinear) and layer.large is None
     assert isinstance(layer.small, Int4Linear)
     head = int4.build("lm_head", ["h"], [torch.randn(48, 64)])
-    assert isinstance(head, DispatchLinear) and isinstance(head.small, Int8Linear)
-    assert linear_weight_bytes(head, rows=1) == 48 * 64 + 48 * 4
+    assert isinstance(head, DispatchLinear) and isinstance(head.small, GroupInt8Linear)
+    assert linear_weight_bytes(head, rows=1) == 48 * 64 + 4 * 48 * 2 * 4
+
+    # int8 with the file's 4-bit blocks: 8-bit codes that hold the file's numbers exactly.
+    int8 = LinearBuilder("int8", torch.float32, CPU, dict(blocks)).build("qkv", names, weights)
+    assert isinstance(int8, DispatchLinear) and isinstance(int8.small, GroupInt8Linear)
+    torch.testing.assert_close(int8(x), exact, atol=1e-4, rtol=1e-4)
+    # A shape the int4 kernel does not take (N not a multiple of 16) runs int8 per channel.
+    odd = LinearBuilder("int8", torch.float32, CPU, {}).build("o", ["c"], [torch.randn(8, 64)])
+    assert isinstance(odd, DispatchLinear) and isinstance(odd.small, Int8Linear)
 
     with pytest.raises(HeddleError, match="unknown quantization"):
         LinearBuilder("int3", torch.float32, CPU)
