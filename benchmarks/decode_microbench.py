@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/decode_microbench.py [--dtypes float32 bfloat16]
         [--quantizations none auto int8 int4] [--batches 1 8 32 64] [--context 300]
-        [--steps 10] [--threads N] [--compare-fused]
+        [--steps 10] [--threads N] [--compare-fused] [--compare-lm-head bf16 int8 int4 int8g]
 
 Each request has `context` tokens in the paged KV cache (their values do not matter for
 timing) and decodes one token per step; the step includes input building, the forward pass,
@@ -12,6 +12,12 @@ the lm_head for every row and greedy sampling. Prints the median step time and t
 fused_decode, the default) and once eagerly, alternating in one process on the same requests,
 and prints both medians and their ratio; it also counts the top-level torch ops of one step
 each way (torch.profiler).
+
+--compare-lm-head runs every step once per LM head kernel (bf16: the float path; int8: torch's
+int8 per output channel, what `auto` may choose; int4: min/max per group of 32, quantized here
+for this comparison; int8g: 8-bit in groups of 32, what `int8` / `int4` run), rotating which
+goes first, in one process on the same requests; the rest of the step is what the executor's
+mode runs. Prints each kernel's median step time.
 """
 
 from __future__ import annotations
@@ -25,6 +31,15 @@ import torch
 from heddle.config import CacheConfig, ModelConfig
 from heddle.core.outputs import NewRequest, OutputBuilder
 from heddle.model.executor import ModelExecutor
+from heddle.model.layers import Linear
+from heddle.model.linear_plan import LinearLayer
+from heddle.model.quant import (
+    GroupInt8Linear,
+    Int4Linear,
+    Int8Linear,
+    quantize_int4_blocks,
+    quantize_int8_blocks,
+)
 from heddle.request import SamplingParams
 
 
@@ -79,6 +94,9 @@ def main() -> None:
                         help="auto | none | int8 | int4 (each run per dtype)")
     parser.add_argument("--compare-fused", action="store_true",
                         help="time each step fused and eager, alternating (see above)")
+    parser.add_argument("--compare-lm-head", nargs="+", default=None,
+                        choices=["bf16", "int8", "int4", "int8g"],
+                        help="time each step with each LM head kernel, rotating (see above)")
     args = parser.parse_args()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -97,6 +115,9 @@ def main() -> None:
         for batch in args.batches:
             if args.compare_fused:
                 compare_fused(executor, batch, args.context, args.steps, dtype, quantization)
+                continue
+            if args.compare_lm_head:
+                compare_lm_heads(executor, batch, args.context, args.steps, args.compare_lm_head)
                 continue
             run = DecodeBatch(executor, batch, args.context, args.steps + 1)
             run.step()  # warm-up (and the step that sends the new requests)
@@ -148,6 +169,42 @@ def compare_fused(executor: ModelExecutor, batch: int, context: int, steps: int,
           f"fused {fused_ms:7.2f} ms/step ({ops[True]} top-level ops), eager {eager_ms:7.2f} ms "
           f"({ops[False]} ops): eager / fused {eager_ms / fused_ms:.3f}x "
           f"(median of {steps} pairs)")
+
+
+def compare_lm_heads(executor: ModelExecutor, batch: int, context: int, steps: int,
+                     kernels: list[str]) -> None:
+    model = executor.model
+    if not model.spec.tie_word_embeddings:
+        raise SystemExit("--compare-lm-head builds its LM heads from the tied embedding")
+    weight, dtype = model.embed_tokens.float(), model.dtype
+    heads: dict[str, LinearLayer] = {}
+    for kernel in kernels:
+        if kernel == "bf16":
+            heads[kernel] = Linear(weight.to(dtype))
+        elif kernel == "int8":
+            heads[kernel] = Int8Linear(weight, dtype)
+        elif kernel == "int4":
+            heads[kernel] = Int4Linear(quantize_int4_blocks(weight), dtype)
+        else:
+            heads[kernel] = GroupInt8Linear(quantize_int8_blocks(weight), dtype)
+    planned = model.lm_head
+    run = DecodeBatch(executor, batch, context, steps + 2)
+    run.step()  # sends the requests
+    times: dict[str, list[float]] = {k: [] for k in kernels}
+    for kernel in kernels:  # warm-up of each
+        model.lm_head = heads[kernel]
+        run.step(advance=False)
+    for i in range(steps):
+        order = kernels[i % len(kernels):] + kernels[:i % len(kernels)]
+        for kernel in order:
+            model.lm_head = heads[kernel]
+            times[kernel].append(run.step(advance=kernel == order[-1]))
+    model.lm_head = planned
+    run.finish()
+    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"{executor.model_name} {executor.quantization} batch {batch:>3} ctx {context}, LM head "
+          + ", ".join(f"{k} {medians[k]:.2f} ms/step" for k in kernels)
+          + f" (median of {steps} rotations)")
 
 
 if __name__ == "__main__":

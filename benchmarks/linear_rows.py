@@ -6,7 +6,9 @@ cross over (issue 10's 8-stream dip).
 For each kind of projection (qkv, o, gate_up, down: all 30 layers of it, so the weights
 stream from memory as in a real step; lm_head once) and each row count, one pass runs the kind
 with each kernel: bf16 (the oneDNN prepacked float path), torch's int4 (`Int4Linear`, the
-GGUF's own Q4_1 blocks) and torch's int8 (`Int8Linear`, per channel). Passes are interleaved
+GGUF's own Q4_1 blocks), torch's int8 (`Int8Linear`, per channel) and int8 in groups of 32
+(`GroupInt8Linear`, "int8g": what `--quantization int8` runs, the file's own numbers as 8-bit
+codes; the LM head from the file's Q8_0 blocks). Passes are interleaved
 over `rounds` rounds; medians. Prints the table per kind, the sum over kinds per kernel (the
 step's matmul time if every layer ran that kernel) and the best kernel per kind.
 """
@@ -23,10 +25,17 @@ import torch
 from heddle.model.device import cpu_description
 from heddle.model.layers import Linear
 from heddle.model.loader import load_model
-from heddle.model.quant import BlockQuantized, Int4Linear, Int8Linear, quantize_int4_blocks
+from heddle.model.quant import (
+    BlockQuantized,
+    GroupInt8Linear,
+    Int4Linear,
+    Int8Linear,
+    quantize_int4_blocks,
+    quantize_int8_blocks,
+)
 
 Layer = Callable[[torch.Tensor], torch.Tensor]
-KERNELS = ("bf16", "int4", "int8")
+KERNELS = ("bf16", "int4", "int8", "int8g")
 
 
 def _kinds(weights: dict[str, torch.Tensor], blocks: dict[str, BlockQuantized],
@@ -63,12 +72,19 @@ def main() -> None:
     loaded = load_model(args.model, keep_blocks=True)
     kinds = _kinds(loaded.weights, loaded.blocks, loaded.spec.num_layers)
     layers: dict[str, dict[str, list[Layer]]] = {}
+    head_blocks = loaded.blocks.get("model.embed_tokens.weight")
     for kind, per_layer in kinds.items():
         layers[kind] = {
             "bf16": [Linear(w.bfloat16()) for w, _ in per_layer],
             "int4": [Int4Linear(b, torch.bfloat16) for _, b in per_layer],
             "int8": [Int8Linear(w, torch.bfloat16) for w, _ in per_layer],
+            "int8g": [GroupInt8Linear(b, torch.bfloat16) for _, b in per_layer],
         }
+        if kind == "lm_head":
+            head = per_layer[0][0]
+            eight = (head_blocks if head_blocks is not None and head_blocks.bits == 8
+                     else quantize_int8_blocks(head))
+            layers[kind]["int8g"] = [GroupInt8Linear(eight, torch.bfloat16)]
     print("median ms per pass over every layer of a kind (lm_head: int4 is quantized at load "
           "here; auto keeps the file's 8 bits)")
     totals: dict[int, dict[str, float]] = {}
@@ -93,11 +109,11 @@ def main() -> None:
                 best_total[rows] += medians[best]
                 print(f"rows {rows:>3} {kind:>8}: " + "  ".join(
                     f"{k} {medians[k]:7.3f}" for k in KERNELS) + f"   best {best}")
-    print("\nsum over kinds (ms): rows | bf16 | int4 | int8 | best per kind")
+    print("\nsum over kinds (ms): rows | " + " | ".join(KERNELS) + " | best per kind")
     for rows in args.rows:
         t = totals[rows]
-        print(f"| {rows} | {t['bf16']:.2f} | {t['int4']:.2f} | {t['int8']:.2f} | "
-              f"{best_total[rows]:.2f} |")
+        print(f"| {rows} | " + " | ".join(f"{t[k]:.2f}" for k in KERNELS)
+              + f" | {best_total[rows]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -159,8 +159,13 @@ class LinearBuilder:
 # choice decided by noise would differ from one tuning to the next.
 TUNE_MARGIN = 0.10
 TUNE_ROUNDS = 5
+# Each path of a kind is timed over at least this many layer calls per row count: 5 rounds of
+# a kind with 30 layers, 150 rounds of the single LM head (5 calls of one 2-ms layer decided
+# the LM head's kernel by noise: 1.9 vs 1.7 ms in one tuning, 1.3 vs 1.6 ms in a quiet run).
+TUNE_MIN_CALLS = 150
 NOISY_SPREAD = 0.5
-TUNE_RULE = f"median of {TUNE_ROUNDS}, quantized if >= {TUNE_MARGIN:.0%} faster, rows {TUNE_ROWS}"
+TUNE_RULE = (f"median of {TUNE_ROUNDS}+ rounds, >= {TUNE_MIN_CALLS} calls, quantized if >= "
+             f"{TUNE_MARGIN:.0%} faster, rows {TUNE_ROWS}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,13 +196,15 @@ def kernel_name(layer: DispatchLinear) -> str:
 
 def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = TUNE_ROUNDS,
                   clock: Callable[[], float] = time.perf_counter,
-                  margin: float = TUNE_MARGIN) -> list[DispatchChoice]:
+                  margin: float = TUNE_MARGIN,
+                  min_calls: int = TUNE_MIN_CALLS) -> list[DispatchChoice]:
     """Choose `max_rows` of every layer that has both paths, per kind, by timing both, and set it.
 
     For each kind and row count one pass runs the kind's layer of every decoder layer (so the
     weights stream from memory as in a real step, not from cache); `rounds` interleaved passes
-    of each path, compared by their medians. The quantized kernel keeps the row counts up to
-    the first one where it is not at least `margin` faster.
+    of each path (more for a kind of few layers, so that each path makes `min_calls` layer
+    calls), compared by their medians. The quantized kernel keeps the row counts up to the
+    first one where it is not at least `margin` faster.
     """
     choices = []
     for kind, group in dispatch_groups(layers).items():
@@ -205,11 +212,12 @@ def tune_dispatch(layers: Sequence[DispatchLinear], rounds: int = TUNE_ROUNDS,
         large_fns: list[LinearLayer] = [layer.large for layer in group if layer.large is not None]
         timings: dict[int, tuple[float, float]] = {}
         max_rows, spread = 0, 0.0
+        kind_rounds = max(rounds, -(-min_calls // len(group)))
         for rows in TUNE_ROWS:
             x = torch.randn(rows, group[0].in_features).to(_dtype_of(group[0]))
             _pass(small_fns, x, clock), _pass(large_fns, x, clock)  # warm-up: first-call costs
             small_times, large_times = [], []
-            for _ in range(rounds):
+            for _ in range(kind_rounds):
                 small_times.append(_pass(small_fns, x, clock))
                 large_times.append(_pass(large_fns, x, clock))
             small_time, large_time = statistics.median(small_times), statistics.median(large_times)

@@ -166,8 +166,10 @@ class _Timed:
         self.clock, self.cost = clock, cost
         self.in_features, self.out_features = in_features, 4
         self.dtype = torch.float32
+        self.calls = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         self.clock[0] += self.cost(x.shape[0])
         return torch.full((x.shape[0], 4), 1.0 if self.cost is quant_cost else 2.0)
 
@@ -198,3 +200,13 @@ def test_tune_dispatch_keeps_the_quantized_kernel_up_to_the_crossover():
     assert layers[0](x5)[0, 0] == 2.0  # float
     assert never(x4)[0, 0] == 2.0
     assert describe(choices) == "gate_up: int8 at <= 4 rows; down: float"
+
+
+def test_a_kind_of_few_layers_is_timed_over_as_many_calls():
+    now = [0.0]
+    quick, slow = _Timed(now, quant_cost), _Timed(now, float_cost)
+    head = DispatchLinear(quick, slow, None, "lm_head", max_rows=1 << 62)  # type: ignore[arg-type]
+    choice, = tune_dispatch([head], rounds=5, clock=lambda: now[0], min_calls=40)
+    # rows 1, 2, 4 win and 8 loses: 4 row counts, each 1 warm-up + 40 rounds of one call.
+    assert choice.max_rows == 4
+    assert quick.calls == slow.calls == 4 * 41
