@@ -146,9 +146,9 @@ class LinearBuilder:
             return Int8Linear(weight, self.dtype)
         if not int4_supported(in_features, out_features):
             return Int8Linear(weight, self.dtype)
-        four_bit = file_blocks is not None and file_blocks.bits == 4
-        if self.mode == "int4" and (kind != "lm_head" or four_bit):
-            return Int4Linear(file_blocks if four_bit else quantize_int4_blocks(weight),
+        four_bit = file_blocks if file_blocks is not None and file_blocks.bits == 4 else None
+        if self.mode == "int4" and (kind != "lm_head" or four_bit is not None):
+            return Int4Linear(four_bit if four_bit is not None else quantize_int4_blocks(weight),
                               self.dtype)
         return GroupInt8Linear(file_blocks if file_blocks is not None
                                else quantize_int8_blocks(weight), self.dtype)
