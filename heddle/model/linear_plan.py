@@ -10,7 +10,8 @@
   kernel does not take a shape (N not a multiple of 16), int8 runs per output channel.
 - `auto`: on a checkpoint that is already quantized (GGUF Q4_0 / Q4_1 / Q8_0), each projection
   may run a weight-only kernel at the file's own bit width (4-bit blocks run the int4 kernel with
-  the file's own numbers; Q8_0 runs int8 per channel) beside the float path, and which one runs
+  the file's own numbers; Q8_0 blocks the grouped int8, also the file's own numbers) beside the
+  float path, and which one runs
   depends on the step's row count: at load time `tune_dispatch` times both over every layer of
   each kind (qkv, o, gate_up, down, lm_head) at 1, 2, 4, ... rows and keeps the quantized kernel
   up to the largest row count where it is still clearly faster (medians, a 10% margin); the
@@ -141,9 +142,13 @@ class LinearBuilder:
         if self.mode == "auto":
             if file_blocks is None:
                 return None
-            if file_blocks.bits == 4 and int4_supported(in_features, out_features):
+            if not int4_supported(in_features, out_features):
+                return Int8Linear(weight, self.dtype)
+            if file_blocks.bits == 4:
                 return Int4Linear(file_blocks, self.dtype)
-            return Int8Linear(weight, self.dtype)
+            # 8-bit blocks (a Q8_0 LM head): grouped int8 keeps the file's numbers and ran
+            # faster at 1-2 rows than torch's per-channel int8 (docs/BENCHMARKS.md section 9)
+            return GroupInt8Linear(file_blocks, self.dtype)
         if not int4_supported(in_features, out_features):
             return Int8Linear(weight, self.dtype)
         four_bit = file_blocks if file_blocks is not None and file_blocks.bits == 4 else None

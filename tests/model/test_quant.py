@@ -133,6 +133,15 @@ def test_builder_modes():
     exact = x @ torch.cat([blocks[n].dequantize() for n in names]).T
     torch.testing.assert_close(auto(x), exact, atol=1e-4, rtol=1e-4)
 
+    # auto with an 8-bit (Q8_0) LM head: the grouped int8 on the file's numbers, and bf16.
+    head_weight = torch.randn(48, 64)
+    q8 = {"h": quantize_int8_blocks(head_weight)}
+    auto_head = LinearBuilder("auto", torch.float32, CPU, q8).build("lm_head", ["h"],
+                                                                      [head_weight])
+    assert isinstance(auto_head, DispatchLinear) and auto_head.large is not None
+    assert isinstance(auto_head.small, GroupInt8Linear)
+    torch.testing.assert_close(auto_head(x), x @ q8["h"].dequantize().T, atol=1e-4, rtol=1e-4)
+
     # auto on a float checkpoint never quantizes.
     plain = LinearBuilder("auto", torch.float32, CPU, {})
     assert plain.mode == "none"
