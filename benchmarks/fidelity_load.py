@@ -109,6 +109,7 @@ def real_runs(saved: dict[str, Any], steps_path: Path, cost: Any, factor: float)
     """Per recorded run: busy / idle seconds, steps, stalls; the simulation against each run."""
     steps = json.loads(steps_path.read_text())["steps"]
     start = 0
+    price = cost.executor_only()  # what the executor's step_duration measured
     print(f"real runs ({steps_path}); stall = a step over {factor:g}x the model's price")
     for case in saved["cases"]:
         sim = summarize(run_sim(saved, cost, case["workload"], case["options"], case["rate"],
@@ -120,9 +121,9 @@ def real_runs(saved: dict[str, Any], steps_path: Path, cost: Any, factor: float)
             start += count
             busy = sum(s["seconds"] for s in run)
             idle = sum(s["idle_before"] or 0.0 for s in run)
-            stalls = [(k, s["seconds"], cost.step_time(shape_from_json(s)))
+            stalls = [(k, s["seconds"], price.step_time(shape_from_json(s)))
                       for k, s in enumerate(run)
-                      if s["seconds"] > factor * cost.step_time(shape_from_json(s))]  # fmt: skip
+                      if s["seconds"] > factor * price.step_time(shape_from_json(s))]  # fmt: skip
             lost = sum(t - p for _, t, p in stalls)
             rows = case["runs"][index]["rows"]
             errors = ", ".join(

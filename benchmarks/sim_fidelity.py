@@ -136,7 +136,8 @@ def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> d
     real = summarize(real_run.records)
     out: dict[str, Any] = {"steps": recorder.steps, "gaps": recorder.gaps,
                            "elapsed": real_run.elapsed,
-                           "stalls": stalls(cost.with_warmup(None), recorder.steps)}  # fmt: skip
+                           "stalls": stalls(cost.executor_only(), recorder.steps),
+                           "host_gap": host_gap_check(cost, recorder.steps, recorder.gaps)}  # fmt: skip
     for name, model in (("rows", cost), ("rows_shape_only", cost.with_warmup(None))):
         sim = build_sim_engine(
             config,
@@ -149,7 +150,52 @@ def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> d
         out[name] = compare(real, summarize(sim_run.records))
         if name == "rows":
             out["ttft_parts"] = ttft_parts(real_run.records, sim_run.records)
+            out["wait_parts"] = {"real": wait_parts(real_run.records, real_run.step_stats),
+                                 "sim": wait_parts(sim_run.records, sim_run.step_stats)}
     return out
+
+
+def wait_parts(records: list[Any], step_log: Any) -> dict[str, float]:
+    """Where a request's wait before its first step goes: the share of requests that arrive
+    while a step runs, the mean ms left of that step, and the mean ms from its end to the
+    request's first schedule (the engine's own work); for requests that arrive at an idle
+    engine, the mean ms to their first schedule (the wake). Means, not medians: the wait is a
+    mixture of the two kinds, whose median jumps between them."""
+    import bisect
+
+    starts = list(step_log.column("start_time"))
+    ends = [s + d for s, d in zip(starts, step_log.column("duration"), strict=True)]
+    residual, after, idle = [], [], []
+    for r in records:
+        arrival, first = r.arrival_time, r.first_scheduled_time
+        if first is None:
+            continue
+        k = bisect.bisect_right(starts, arrival) - 1
+        if k >= 0 and ends[k] > arrival:
+            residual.append(ends[k] - arrival)
+            after.append(first - ends[k])
+        else:
+            idle.append(first - arrival)
+    n = len(residual) + len(idle)
+
+    def mean_ms(values: list[float]) -> float:
+        return 1e3 * statistics.fmean(values) if values else float("nan")
+
+    return {"in flight share": len(residual) / n if n else float("nan"),
+            "step left ms": mean_ms(residual), "after step ms": mean_ms(after),
+            "idle wake ms": mean_ms(idle), "wait ms": mean_ms(residual + after + idle)}  # fmt: skip
+
+
+def host_gap_check(cost: Any, steps: list[tuple[StepShape, float]],
+                   gaps: list[float | None]) -> list[float]:  # fmt: skip
+    """[back-to-back gaps, median real gap ms, median modelled engine time ms] over the real
+    run's steps that started at once after the previous one."""
+    pairs = [(g, cost.host_time(s)) for (s, _), g in zip(steps, gaps, strict=True)
+             if g is not None and g <= BACK_TO_BACK_S]  # fmt: skip
+    if not pairs:
+        return [0.0, float("nan"), float("nan")]
+    return [float(len(pairs)), 1e3 * statistics.median(g for g, _ in pairs),
+            1e3 * statistics.median(h for _, h in pairs)]
 
 
 def stalls(cost: Any, steps: list[tuple[StepShape, float]]) -> list[float]:
@@ -191,7 +237,7 @@ def by_gap(
 ) -> dict[str, list[float]]:
     """Per (kind of step, idle-gap bin): [steps, median measured / back-to-back prediction]."""
     ratios: dict[str, list[float]] = {}
-    shape_only = cost.with_warmup(None)
+    shape_only = cost.executor_only()
     for (shape, seconds), gap in zip(steps, gaps, strict=True):
         kind = "with prefill" if shape.prefill_chunks else "decode only"
         ratios.setdefault(f"{kind:12s} gap {gap_bin(gap)}", []).append(
@@ -207,6 +253,7 @@ def warmup_step_errors(
     real step's recorded gap, and the median signed error of the steps after an idle gap with
     the warm-up and without it."""
     errors, idle_with, idle_without = [], [], []
+    cost = cost.executor_only().with_warmup(cost.warmup)  # the step alone, warm-up added
     for (shape, seconds), gap in zip(steps, gaps, strict=True):
         base = cost.step_time(shape)
         predicted = base + cost.idle_time(gap)
@@ -289,6 +336,14 @@ def table(results_path: str) -> None:
               f"TTFT parts {case['ttft_parts_ms']}; between steps {case['between_steps_ms']}")
         for key, (count, ratio) in case["by_gap"].items():
             print(f"    {key:36s} {int(count):5d} {ratio:.3f}")
+        runs = [r for r in case["runs"] if "wait_parts" in r]
+        for who in ("real", "sim") if runs else ():
+            print(f"    wait before the first step, {who}, mean of the runs: " + ", ".join(
+                f"{k} {statistics.fmean(r['wait_parts'][who][k] for r in runs):.2f}"
+                for k in runs[0]["wait_parts"][who]))
+        if runs:
+            print("    back-to-back gaps [n, real median ms, modelled ms]: "
+                  + "; ".join(str([round(v, 3) for v in r["host_gap"]]) for r in runs))
     print("step error (shape-only):", saved.get("step_error_all"))
     halves(saved, Path(results_path).with_suffix(".steps.json"))
     print("step error with warm-up:", saved.get("step_error_all_with_warmup"))
@@ -302,7 +357,7 @@ def halves(saved: dict[str, Any], steps_path: Path) -> None:
 
     if not steps_path.exists():
         return
-    cost = ProfiledCostModel(saved["profile"])
+    cost = ProfiledCostModel(saved["profile"]).executor_only()
     steps, gaps = load_steps(steps_path)[0], load_step_gaps(steps_path)
     counts = [(c["workload"], c["rate"], len(c.get("run_steps", []))) for c in saved["cases"]]
     start = 0
@@ -351,7 +406,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each profiled shape")
-    parser.add_argument("--num-mixed", type=int, default=96, help="mixed steps profiled")
+    parser.add_argument("--num-mixed", type=int, default=128, help="mixed steps profiled")
+    parser.add_argument("--no-host", action="store_true",
+                        help="profile no engine time around a step and no wake")
     parser.add_argument("--runs", type=int, default=3, help="real + simulated runs of each case")
     parser.add_argument("--output", default="results/sim_fidelity.json")
     parser.add_argument("--idle-repeats", type=int, default=3,
@@ -411,6 +468,7 @@ def main() -> None:
             machine=machine,
             idle_gaps=None if args.no_idle else DEFAULT_GAPS_S,
             idle_repeats=args.idle_repeats,
+            engine_config=None if args.no_host else config,
         )
         print(f"profiled {cost.metadata.extra['num_shapes']} shapes in "
               f"{time.perf_counter() - started:.0f} s ({executor.dtype}, quantization "
@@ -422,6 +480,11 @@ def main() -> None:
     if fit is not None:
         print("\n".join(fit.lines()))
     idle = cost.metadata.extra.get("idle")
+    host = cost.metadata.extra.get("host")
+    if host:
+        from heddle.model.profiling_host import HostProfile
+
+        print("\n".join(HostProfile(**host).lines()))
     if cost.warmup is not None and idle is not None:
         print("\n".join(cost.warmup.lines()))
         if "per_shape_base_s_and_ratio" in idle:  # measured (a --from-run fit has no shapes)
@@ -492,7 +555,7 @@ def main() -> None:
                 median["stall_free"] = {m: statistics.median(r["rows"][m]["rel_error"]
                                                              for r in free)
                                         for m in runs[0]["rows"]}  # fmt: skip
-            per_step = step_errors(cost.with_warmup(None), steps)
+            per_step = step_errors(cost.executor_only(), steps)
             gap_ratios = by_gap(cost, steps, gaps)
             # The engine's own time between two steps with no wait between them.
             between = [g for g in gaps if g is not None and g < GAP_EDGES_S[1]]
@@ -504,7 +567,7 @@ def main() -> None:
                     "rate": rate,
                     "options": options,
                     "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts",
-                                                "stalls", "elapsed")}
+                                                "wait_parts", "host_gap", "stalls", "elapsed")}
                              for r in runs],
                     "median_rel_error_stall_free": median.get("stall_free"),
                     "num_stall_free": len(free),
@@ -539,13 +602,19 @@ def main() -> None:
                       f"{1e3 * statistics.median(between):.3f} ms")  # fmt: skip
             print("TTFT parts, median ms: " + ", ".join(
                 f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
+            for who in ("real", "sim"):
+                print(f"wait before the first step, {who} (mean over the runs): " + ", ".join(
+                    f"{k} {statistics.fmean(r['wait_parts'][who][k] for r in runs):.2f}"
+                    for k in runs[0]["wait_parts"][who]))
+            print("back-to-back gaps [n, real median ms, modelled ms]: "
+                  + "; ".join(str([round(v, 3) for v in r["host_gap"]]) for r in runs))
             if args.retime:
                 retime(executor, steps, args.retime, vocab)
             # What is done so far, in case the run is cut short.
             Path(args.output).parent.mkdir(parents=True, exist_ok=True)
             Path(args.output).write_text(json.dumps(results, indent=1))
             save_step_log(args.output, executor, machine, all_steps, all_gaps)
-    overall = step_errors(cost.with_warmup(None), all_steps).overall
+    overall = step_errors(cost.executor_only(), all_steps).overall
     idle_steps = [(s, t) for (s, t), g in zip(all_steps, all_gaps, strict=True)
                   if g is None or g > BACK_TO_BACK_S]  # fmt: skip
     results["step_error_all"] = [overall.num_steps, overall.median_abs, overall.p90_abs]
@@ -556,7 +625,7 @@ def main() -> None:
           f"idle gap: median signed {100 * with_warmup[3]:+.1f}% "
           f"(shape-only {100 * with_warmup[4]:+.1f}%)")  # fmt: skip
     results["after_idle_signed_median"] = {
-        "shape_only": step_errors(cost.with_warmup(None), idle_steps).overall.median_signed,
+        "shape_only": step_errors(cost.executor_only(), idle_steps).overall.median_signed,
     } if idle_steps else {}  # fmt: skip
     print(f"\nall real steps: {overall.num_steps}, |error| median "
           f"{100 * overall.median_abs:.1f}%, p90 {100 * overall.p90_abs:.1f}%")  # fmt: skip

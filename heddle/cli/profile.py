@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each shape first")
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument(
-        "--num-mixed", type=int, default=96,
+        "--num-mixed", type=int, default=128,
         help="random steps like a running engine's (mixed prefill + decode, spread contexts) "
         "measured besides the grid's corners; 0: the grid only",
     )
@@ -49,6 +49,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--grammar-repeats", type=int, default=64,
                    help="timed steps of that measurement (median)")
+    p.add_argument(
+        "--no-host", action="store_true",
+        help="do not measure (or, --from-run, fit) the engine's time around a step and an idle "
+        "engine's wake; the simulator then charges the executor's step alone",
+    )
     p.add_argument(
         "--dispatch-rows", default=None, metavar="K,K,...",
         help="with --from-run: the row counts where the executor switched kernels (default: "
@@ -107,6 +112,11 @@ def _report(fitted: Any, output: str) -> int:
     fitted.save(output)
     if fitted.metadata.fit is not None:
         print("\n".join(fitted.metadata.fit.lines()))
+    host = fitted.metadata.extra.get("host")
+    if host:
+        from heddle.model.profiling_host import HostProfile
+
+        print("\n".join(HostProfile(**host).lines()))
     if fitted.warmup is not None:
         print("\n".join(fitted.warmup.lines()))
         check = fitted.metadata.extra.get("idle") or {}
@@ -138,6 +148,7 @@ def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
         seed=args.seed,
         machine=_machine(),
         idle_gaps=args.idle_gaps,
+        engine_config=None if args.no_host else config,
     )
     if args.grammar_rows > 0:
         fitted = _with_grammar_term(args, executor, fitted)
@@ -201,7 +212,23 @@ def _fit_from_run(args: argparse.Namespace) -> int:
         fitted = fitted.with_warmup(warmup)
     elif args.idle_gaps is not None:
         print("no idle warm-up: the log records too few idle gaps (an older log?)")
+    if not args.no_host:
+        fitted = _host_from_run(fitted, steps, gaps)
     return _report(fitted, args.output)
+
+
+def _host_from_run(fitted: Any, steps: list[Any], gaps: list[float | None]) -> Any:
+    """The engine's time around a step, fit to the log's back-to-back gaps; the wake is not in
+    a step log (it comes before the step starts), so it stays 0."""
+    from heddle.model.profiling_host import HostProfile, host_from_run
+
+    try:
+        constant, per_row, error, used = host_from_run(steps, gaps)
+    except HeddleError:
+        print("no engine time around a step: the log records no back-to-back gaps")
+        return fitted
+    host = HostProfile(constant, per_row, 0.0, used, 0, error)
+    return fitted.with_host(constant, per_row, 0.0, measured=host.as_dict())
 
 
 def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:

@@ -93,8 +93,11 @@ def profile_shapes(
     Unlike the grid's corners (one prefill chunk, decode batches of one context length), a
     real step mixes decodes of different context lengths with zero to three prefill chunks of
     any size up to the token budget, after cached prefixes or not, some ending their prompt.
-    Thirds: decode-only, mixed, and mixed filling the token budget. Batch sizes and lengths
-    are log-uniform, so small steps (most of a light load) are sampled as often as big ones.
+    Quarters: decode-only, mixed, mixed filling the token budget, and a light load's step (one
+    new prompt of 2-64 tokens, ending it or not, beside 0-16 decodes of contexts up to 512:
+    the step that gives a chat request at light load its first token). Batch sizes and
+    lengths are log-uniform, so small steps (most of a light load) are sampled as often as
+    big ones.
     """
     if min(max_num_batched_tokens, max_num_seqs, max_context) < 2:
         raise HeddleError("profile limits must be at least 2")
@@ -108,8 +111,13 @@ def profile_shapes(
     attempts = 0
     while len(shapes) < num_shapes and attempts < 20 * num_shapes:
         attempts += 1
-        kind = len(shapes) % 3
+        kind = len(shapes) % 4
         seats = min(max_num_seqs, budget)
+        if kind == 3:
+            shape = _light_step(rng, budget, seats, max_context, log_uniform)
+            if shape is not None and (max_kv_tokens is None or _kv_tokens(shape) <= max_kv_tokens):
+                shapes.append(shape)
+            continue
         batch = log_uniform(1, seats) if kind == 0 else rng.randint(0, log_uniform(1, seats)) // 2
         decode = tuple(log_uniform(2, max_context) for _ in range(batch))
         room = budget - batch
@@ -132,6 +140,20 @@ def profile_shapes(
     return shapes
 
 
+def _light_step(
+    rng: random.Random, budget: int, seats: int, max_context: int, log_uniform: Any
+) -> StepShape | None:
+    """One new prompt's chunk of 2-64 tokens beside 0-16 short decodes (None: no room)."""
+    batch = rng.randint(0, log_uniform(1, min(16, seats - 1))) if seats > 1 else 0
+    room = min(64, budget - batch, max_context)
+    if room < 2:
+        return None
+    chunk = log_uniform(2, room)
+    decode = tuple(log_uniform(16, min(512, max_context)) for _ in range(batch))
+    ends = rng.random() < 0.5
+    return StepShape(((chunk, chunk),), decode, num_sampled=batch + int(ends))
+
+
 def _kv_tokens(shape: StepShape) -> int:
     return sum(c for _, c in shape.prefill_chunks) + shape.decode_context_tokens
 
@@ -143,12 +165,16 @@ def build_scheduler_output(
     num_blocks: int | None = None,
     vocab_size: int = 1000,
     request_prefix: str = "profile",
+    decodes_of: int | None = None,
 ) -> SchedulerOutput:
     """A SchedulerOutput of `shape` with synthetic token ids and freshly allocated blocks.
 
     Blocks are handed out from 0 upward within the step (the K/V they hold is whatever the
     cache contains: only the timing matters). Sampling is greedy so garbage K/V cannot
     upset a sampler. `StepShape.from_scheduler_output` of the result equals `shape`.
+    `decodes_of`: the id of an earlier step of the same shape whose decode rows the executor
+    still holds; they are scheduled again as known requests (no `NewRequest`), as a running
+    engine's decodes are, while the prefill chunks come as new requests.
     """
     if block_size < 1:
         raise HeddleError("block_size must be positive")
@@ -162,6 +188,10 @@ def build_scheduler_output(
         num_blocks_needed = -(-context // block_size)
         table = list(range(next_block, next_block + num_blocks_needed))
         next_block += num_blocks_needed
+        if decodes_of is not None and num_new == 1:
+            builder.add(f"{request_prefix}-{decodes_of}-{index}", context - 1, 1, sample,
+                        num_prompt_tokens=prompt_len)  # fmt: skip
+            return
         request_id = f"{request_prefix}-{step_id}-{index}"
         known = prompt_len + max(0, context - prompt_len)  # the prompt, then any outputs
         new = NewRequest(
@@ -210,8 +240,10 @@ def profile_executor(
 ) -> list[tuple[StepShape, float]]:
     """(shape, median seconds over `repeats` runs) for each shape, after `warmup` untimed runs.
 
-    Each run uses fresh request ids and reports the previous run's as finished, so an
-    executor that keeps per-request state (seeded generators) drops it as in serving.
+    A shape's first run sends every row as a new request; its later runs schedule the decode
+    rows again as requests the executor knows (a running engine's decodes are), the prefill
+    chunks as new ones. Each shape's requests are reported finished when it is done (chunks:
+    after each run), so an executor that keeps per-request state drops it as in serving.
     """
     if repeats < 1 or warmup < 0:
         raise HeddleError("repeats must be >= 1 and warmup >= 0")
@@ -221,15 +253,19 @@ def profile_executor(
     results: list[tuple[StepShape, float]] = []
     for shape in shapes:
         times = []
+        first = step_id
         for run in range(warmup + repeats):
-            so = build_scheduler_output(shape, step_id, block_size, num_blocks, vocab_size)
+            so = build_scheduler_output(shape, step_id, block_size, num_blocks, vocab_size,
+                                        decodes_of=first if run else None)  # fmt: skip
             so.finished_request_ids = finished
             start = clock.now()
             execute_fn(so)
             elapsed = clock.now() - start
             if run >= warmup:
                 times.append(elapsed)
-            finished = list(so.request_ids)
+            last = run == warmup + repeats - 1
+            finished = [rid for rid, n in zip(so.request_ids, so.num_new_tokens, strict=True)
+                        if last or n > 1]  # fmt: skip
             step_id += 1
         results.append((shape, statistics.median(times)))
     return results
@@ -257,7 +293,7 @@ def profile_model(
     max_num_batched_tokens: int,
     max_num_seqs: int,
     max_context: int,
-    num_mixed: int = 96,
+    num_mixed: int = 128,
     repeats: int = 3,
     warmup: int = 1,
     held_out: float = 0.25,
@@ -265,13 +301,16 @@ def profile_model(
     machine: str | None = None,
     idle_gaps: Sequence[float] | None = DEFAULT_GAPS_S,
     idle_repeats: int = 3,
+    engine_config: Any = None,
 ) -> ProfiledCostModel:
     """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
     `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
     `num_mixed` steps like a running engine's, and fit a cost model checked on a held-out
     share of them (its report: `.metadata.fit.lines()`). With `idle_gaps`, also time
     `idle_shapes` after sleeps of those seconds and fit the idle warm-up (its check:
-    `.metadata.extra["idle"]`)."""
+    `.metadata.extra["idle"]`). With `engine_config` (the engine's config, its token budget and
+    seats), also measure the engine's time around a step and an idle engine's wake
+    (heddle.model.profiling_host; `.metadata.extra["host"]`)."""
     limits = dict(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
@@ -318,4 +357,19 @@ def profile_model(
         held_out=held_out,
         seed=seed,
     )
-    return fitted.with_warmup(idle_warmup)
+    fitted = fitted.with_warmup(idle_warmup)
+    if engine_config is not None:
+        from heddle.model.profiling_host import profile_host
+
+        host = profile_host(
+            engine_config,
+            num_blocks=executor.num_blocks,
+            vocab_size=executor.model_shape.vocab_size,
+            max_model_len=getattr(executor, "max_model_len", max_context),
+            eos_token_id=getattr(executor, "eos_token_id", None),
+            executor=executor,
+            seed=seed,
+        )
+        fitted = fitted.with_host(host.host_constant, host.host_per_row, host.wake,
+                                  measured=host.as_dict())  # fmt: skip
+    return fitted

@@ -2,8 +2,10 @@
 
     step_time = c0 + c1 * prefill_tokens + c2 * decode_tokens + c3 * decode_context_tokens
                    + c4 * prefill_attention_pairs + c5 * sampled_rows + c6 * prefill_chunks
+                   + c7 * prefill_step + c8 * prefill_step_decode_tokens
                    + sum_k c_k * max(0, tokens - k)          for the knots k of TOKEN_KNOTS
                    + c_g * constrained_rows
+                   + host_constant + host_per_row * rows    (the engine's time around the step)
 
 fit by non-negative least squares on relative error (every coefficient >= 0, so predicted
 time never falls when a step grows). The hinge terms make the time a convex piecewise-linear
@@ -11,6 +13,17 @@ function of the step's tokens: flat while the weights' memory traffic dominates,
 the matmuls are compute-bound, as a CPU or GPU step is (a straight line through both regimes
 over-predicts the small steps of a light load). `prefill_chunks` is the fixed cost of each
 multi-token request (its own attention call, mask and gather in every layer).
+`prefill_step` (1 when the step carries any prefill chunk) and `prefill_step_decode_tokens`
+(its decode rows) price the layer path: a decode-only step runs the fused decode layers (three
+C calls per layer), any step with a prompt chunk the eager layers (~1,000 torch ops per step),
+whatever its number of chunks; the decode rows of such a step go through the eager ops too.
+
+The engine's own time around a step (schedule, update, output processing, the event loop) is
+not in the executor's step time but is on the real clock: `host_constant` + `host_per_row` *
+rows, measured apart (heddle.model.profiling_host: the real Engine and replay loop over an
+executor that costs nothing) or, `--from-run`, fit to the recorded gaps between back-to-back
+steps. `wake` is what an idle engine takes to start a step once a request arrives (the sleep's
+overshoot, add_request, the first schedule), charged to a step that follows an idle gap.
 
 A step that follows an idle wait also pays the profile's idle warm-up (heddle.sim.warmup),
 measured by timing shapes after sleeps: `idle_time(gap)`.
@@ -42,7 +55,7 @@ from heddle.errors import HeddleError
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.sim.nnls import nnls
 from heddle.sim.step_error import step_errors
-from heddle.sim.warmup import IdleWarmup
+from heddle.sim.warmup import BACK_TO_BACK_S, IdleWarmup
 
 TOKEN_KNOTS = (32, 128)
 FEATURES = (
@@ -53,15 +66,20 @@ FEATURES = (
     "prefill_attention_pairs",
     "sampled_rows",
     "prefill_chunks",
+    "prefill_step",
+    "prefill_step_decode_tokens",
     *(f"tokens_over_{k}" for k in TOKEN_KNOTS),
 )
 # Seconds per constrained sampling row: measured apart from the fit (see the module doc).
 CONSTRAINED_ROWS = "constrained_rows"
+# The engine's time around a step and an idle engine's wake: measured apart from the fit.
+HOST_TERMS = ("host_constant", "host_per_row", "wake")
 FORMAT = "heddle-step-profile/1"
 
 __all__ = [
     "CONSTRAINED_ROWS",
     "FEATURES",
+    "HOST_TERMS",
     "Coverage",
     "FitReport",
     "ProfileMetadata",
@@ -102,6 +120,7 @@ def features(shape: StepShape, dispatch_rows: Sequence[int] = ()) -> tuple[float
     """The regressors of one step, in `feature_names(dispatch_rows)` order."""
     tokens = shape.num_tokens
     switches = [v for k in dispatch_rows for v in (float(min(tokens, k)), float(tokens > k))]
+    prefill_step = 1.0 if shape.prefill_chunks else 0.0
     return (
         1.0,
         float(shape.num_prefill_tokens),
@@ -110,6 +129,8 @@ def features(shape: StepShape, dispatch_rows: Sequence[int] = ()) -> tuple[float
         float(shape.prefill_attention_pairs),
         float(shape.num_sampled_rows),
         float(len(shape.prefill_chunks)),
+        prefill_step,
+        prefill_step * shape.num_decode_tokens,
         *(float(max(0, tokens - k)) for k in TOKEN_KNOTS),
         *switches,
     )
@@ -205,15 +226,18 @@ class ProfiledCostModel(CostModel):
     ):
         self.dispatch_rows = _dispatch_rows_of(list(coefficients))
         names = feature_names(self.dispatch_rows)
-        known = (*names, CONSTRAINED_ROWS)
+        known = (*names, CONSTRAINED_ROWS, *HOST_TERMS)
         unknown = sorted(set(coefficients) - set(known))
         if unknown:
             raise HeddleError(f"unknown profile coefficients {unknown}; known: {list(FEATURES)}, "
-                              f"{CONSTRAINED_ROWS} and tokens_upto_K / tokens_above_K")  # fmt: skip
+                              f"{CONSTRAINED_ROWS}, {list(HOST_TERMS)} and tokens_upto_K / "
+                              "tokens_above_K")  # fmt: skip
         if any(v < 0 for v in coefficients.values()):
             raise HeddleError(f"profile coefficients must be non-negative: {coefficients}")
         self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in known}
         self.constrained_row_seconds = self.coefficients[CONSTRAINED_ROWS]
+        self.host_constant, self.host_per_row, self.wake = (self.coefficients[n]
+                                                            for n in HOST_TERMS)  # fmt: skip
         self.metadata = metadata or ProfileMetadata()
         self.warmup = warmup
         self._weights = tuple(self.coefficients[name] for name in names)
@@ -236,7 +260,11 @@ class ProfiledCostModel(CostModel):
         time = sum(w * v for w, v in zip(self._weights, x, strict=True))
         if shape.num_constrained:
             time += self.constrained_row_seconds * shape.num_constrained
-        return time
+        return time + self.host_constant + self.host_per_row * shape.num_requests
+
+    def host_time(self, shape: StepShape) -> float:
+        """The engine's time around the step, included in `step_time`."""
+        return self.host_constant + self.host_per_row * shape.num_requests
 
     def with_constrained_row_seconds(
         self, seconds: float, measured: dict[str, Any] | None = None
@@ -251,15 +279,34 @@ class ProfiledCostModel(CostModel):
         )
 
     def idle_time(self, gap: float | None) -> float:
-        return 0.0 if self.warmup is None else self.warmup.time(gap)
+        if gap is not None and gap <= BACK_TO_BACK_S:
+            return 0.0
+        return self.wake + (0.0 if self.warmup is None else self.warmup.time(gap))
 
     @property
     def charges_idle(self) -> bool:
-        return self.warmup is not None and any(self.warmup.extra)
+        return self.wake > 0 or (self.warmup is not None and any(self.warmup.extra))
 
     def with_warmup(self, warmup: IdleWarmup | None) -> ProfiledCostModel:
         """The same step prices with another idle warm-up (None: none)."""
         return ProfiledCostModel(self.coefficients, self.metadata, warmup)
+
+    def with_host(
+        self, host_constant: float, host_per_row: float, wake: float,
+        measured: dict[str, Any] | None = None,
+    ) -> ProfiledCostModel:
+        """This profile with the engine's time around a step and an idle engine's wake set;
+        `measured` (how) goes into the metadata's extra as `host`."""
+        metadata = self.metadata
+        if measured is not None:
+            metadata = replace(metadata, extra={**metadata.extra, "host": measured})
+        terms = dict(zip(HOST_TERMS, (host_constant, host_per_row, wake), strict=True))
+        return ProfiledCostModel({**self.coefficients, **terms}, metadata, self.warmup)
+
+    def executor_only(self) -> ProfiledCostModel:
+        """The executor's step alone, as `ExecutorOutput.step_duration` measures it: no idle
+        warm-up, no wake, no engine time around the step (for per-step comparisons)."""
+        return self.with_host(0.0, 0.0, 0.0).with_warmup(None)
 
     def coverage_warning(self) -> str | None:
         """One line when some predicted steps lay outside what the profile measured."""
@@ -275,7 +322,9 @@ class ProfiledCostModel(CostModel):
 
     def describe(self) -> str:
         m = self.metadata
-        idle = ", idle warm-up" if self.charges_idle else ""
+        idle = ", idle warm-up" if self.warmup is not None and any(self.warmup.extra) else ""
+        if self.host_constant or self.host_per_row:
+            idle += ", engine time"
         return f"profiled({m.model or '?'} {m.dtype or '?'}, {m.machine or '?'}{idle})"
 
     def save(self, path: str | Path) -> None:

@@ -65,6 +65,13 @@ def test_profile_from_run_fits_the_idle_warmup_to_the_steps_after_a_gap(tmp_path
     check = fitted.metadata.extra["idle"]
     assert check["held_out_median_abs_with"] < 0.02 < check["held_out_median_abs_without"]
     # The shape prices come from the back-to-back steps: the warm-up did not leak into them.
-    assert fitted.step_time(shapes[1]) == pytest.approx(truth.step_time(shapes[1]), rel=0.02)
+    price = fitted.executor_only()
+    assert price.step_time(shapes[1]) == pytest.approx(truth.step_time(shapes[1]), rel=0.02)
+    # The engine's time around a step: the 0.2 ms gaps between back-to-back steps, whatever
+    # their rows; the simulator charges it on top of the step's price. A log has no wake.
+    assert fitted.host_constant == pytest.approx(0.0002, rel=1e-6) and fitted.wake == 0.0
+    assert fitted.host_per_row == pytest.approx(0.0, abs=1e-9)
+    assert fitted.step_time(shapes[1]) == pytest.approx(price.step_time(shapes[1]) + 0.0002)
+    assert "engine time around a step: 0.200 ms" in printed
     assert main(["profile", "--from-run", str(run), "--idle-gaps", "0.1,x"]) == 2
     assert "--idle-gaps" in capsys.readouterr().err

@@ -76,14 +76,28 @@ def test_profile_executor_times_each_shape_and_releases_requests():
         clock.advance(0.001 * so.num_scheduled_tokens)
         return ExecutorOutput([[1] if sample else [] for sample in so.sample], 0.0)
 
-    shapes = [StepShape((), (10,) * 4), StepShape(((8, 8),), (), num_sampled=1)]
+    shapes = [StepShape(((8, 8),), (10,) * 4, num_sampled=5), StepShape(((8, 8),), (),
+                                                                        num_sampled=1)]
     samples = profile_executor(execute, shapes, block_size=4, repeats=3, warmup=2, clock=clock)
-    assert samples == [(shapes[0], pytest.approx(0.004)), (shapes[1], pytest.approx(0.008))]
+    assert samples == [(shapes[0], pytest.approx(0.012)), (shapes[1], pytest.approx(0.008))]
     assert len(seen) == 2 * 5
     assert seen[0].finished_request_ids == []
+    # A shape's first run sends every row new; its later runs schedule the same decodes again
+    # as known requests (a running engine's decodes are) and a new prompt chunk each time.
+    first = seen[0]
+    for run in seen[1:5]:
+        assert StepShape.from_scheduler_output(run) == shapes[0]
+        decodes = [r for r, n in zip(run.request_ids, run.num_new_tokens, strict=True) if n == 1]
+        assert decodes == [r for r, n in zip(first.request_ids, first.num_new_tokens,
+                                             strict=True) if n == 1]  # fmt: skip
+        assert [n.request_id for n in run.new_requests] == [run.request_ids[0]]
     for before, after in itertools.pairwise(seen):
-        assert after.finished_request_ids == before.request_ids
-        assert not set(after.request_ids) & set(before.request_ids)
+        # Each run's chunk is released after it; the decodes when the shape is done.
+        last_of_shape = after is seen[5]
+        chunks = [r for r, n in zip(before.request_ids, before.num_new_tokens, strict=True)
+                  if n > 1 or last_of_shape]  # fmt: skip
+        assert after.finished_request_ids == chunks
+    assert not set(seen[5].request_ids) & set(seen[4].request_ids)
 
 
 def test_mixed_shapes_look_like_a_running_engines_steps():
@@ -98,6 +112,14 @@ def test_mixed_shapes_look_like_a_running_engines_steps():
     mixed = [s for s in shapes if s.prefill_chunks and s.decode_context_lens]
     assert len(mixed) > 20
     assert any(len(s.prefill_chunks) > 1 for s in mixed)  # several new requests in one step
+    # A quarter are a light load's first steps: one new prompt of 2-64 tokens beside 0-16
+    # short decodes (the steps a chat request's first token comes from).
+    light = [s for s in shapes[3::4]]
+    assert all(len(s.prefill_chunks) == 1 and s.prefill_chunks[0][0] <= 64
+               and s.prefill_chunks[0][0] == s.prefill_chunks[0][1]
+               and s.num_decode_tokens <= 16
+               and all(16 <= c <= 512 for c in s.decode_context_lens) for s in light)  # fmt: skip
+    assert any(s.num_decode_tokens for s in light) and any(not s.num_decode_tokens for s in light)
     assert any(s.num_tokens == 256 for s in mixed) and any(s.num_tokens < 64 for s in mixed)
     # Decode contexts of one step differ (the grid's are all equal).
     assert any(len(set(s.decode_context_lens)) > 1 for s in shapes)

@@ -29,6 +29,8 @@ TRUE = {
     "prefill_attention_pairs": 1.5e-9,
     "sampled_rows": 30e-6,
     "prefill_chunks": 1e-3,
+    "prefill_step": 2.5e-3,  # the eager layers of a step with a prompt chunk
+    "prefill_step_decode_tokens": 50e-6,
     "tokens_over_32": 20e-6,
     "tokens_over_128": 40e-6,
 }
@@ -122,9 +124,11 @@ def test_bad_profiles_are_clear_errors(tmp_path):
 def test_features_are_in_declared_order():
     shape = StepShape(((4, 10),), (7, 8), num_sampled=3)
     # 6 tokens in all: under both knots of the token hinges.
-    assert features(shape) == (1.0, 4.0, 2.0, 15.0, 4 * 6 + 10, 3.0, 1.0, 0.0, 0.0)
+    assert features(shape) == (1.0, 4.0, 2.0, 15.0, 4 * 6 + 10, 3.0, 1.0, 1.0, 2.0, 0.0, 0.0)
+    # A decode-only step runs the fused layers: no prefill-step terms.
+    assert features(StepShape((), (7, 8)))[7:9] == (0.0, 0.0)
     big = StepShape(((200, 300),), (7,) * 10)
-    assert features(big)[-3:] == (1.0, 210.0 - 32, 210.0 - 128)
+    assert features(big)[-4:] == (1.0, 10.0, 210.0 - 32, 210.0 - 128)
 
 
 shapes = st.builds(
