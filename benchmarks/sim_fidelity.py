@@ -159,8 +159,9 @@ def wait_parts(records: list[Any], step_log: Any) -> dict[str, float]:
     """Where a request's wait before its first step goes: the share of requests that arrive
     while a step runs, the mean ms left of that step, and the mean ms from its end to the
     request's first schedule (the engine's own work); for requests that arrive at an idle
-    engine, the mean ms to their first schedule (the wake). Means, not medians: the wait is a
-    mixture of the two kinds, whose median jumps between them."""
+    engine, the mean ms to their first schedule (the wake; a simulated engine charges it inside
+    the first step instead). Means, not medians: the wait is a mixture of the two kinds, whose
+    median jumps between them."""
     import bisect
 
     starts = list(step_log.column("start_time"))
@@ -170,7 +171,7 @@ def wait_parts(records: list[Any], step_log: Any) -> dict[str, float]:
         arrival, first = r.arrival_time, r.first_scheduled_time
         if first is None:
             continue
-        k = bisect.bisect_right(starts, arrival) - 1
+        k = bisect.bisect_left(starts, arrival) - 1  # the last step that started before it
         if k >= 0 and ends[k] > arrival:
             residual.append(ends[k] - arrival)
             after.append(first - ends[k])
