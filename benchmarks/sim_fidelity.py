@@ -166,11 +166,12 @@ def wait_parts(records: list[Any], step_log: Any) -> dict[str, float]:
 
     starts = list(step_log.column("start_time"))
     ends = [s + d for s, d in zip(starts, step_log.column("duration"), strict=True)]
-    residual, after, idle = [], [], []
+    residual, after, idle, waits = [], [], [], []
     for r in records:
         arrival, first = r.arrival_time, r.first_scheduled_time
         if first is None:
             continue
+        waits.append(first - arrival)
         k = bisect.bisect_left(starts, arrival) - 1  # the last step that started before it
         if k >= 0 and ends[k] > arrival:
             residual.append(ends[k] - arrival)
@@ -184,7 +185,7 @@ def wait_parts(records: list[Any], step_log: Any) -> dict[str, float]:
 
     return {"in flight share": len(residual) / n if n else float("nan"),
             "step left ms": mean_ms(residual), "after step ms": mean_ms(after),
-            "idle wake ms": mean_ms(idle), "wait ms": mean_ms(residual + after + idle)}  # fmt: skip
+            "idle wake ms": mean_ms(idle), "wait ms": mean_ms(waits)}  # fmt: skip
 
 
 def host_gap_check(cost: Any, steps: list[tuple[StepShape, float]],
@@ -458,6 +459,7 @@ def main() -> None:
         print(f"cost model {args.cost_model}: {cost.describe()} ({executor.dtype}, "
               f"quantization {executor.quantization})")  # fmt: skip
     else:
+        profile_samples: list[tuple[StepShape, float]] = []
         cost = profile_model(
             executor,
             max_num_batched_tokens=args.budget,
@@ -470,7 +472,14 @@ def main() -> None:
             idle_gaps=None if args.no_idle else DEFAULT_GAPS_S,
             idle_repeats=args.idle_repeats,
             engine_config=None if args.no_host else config,
+            samples_out=profile_samples,
         )
+        # The profile's own timed shapes (the grid's first), to refit without a term or a
+        # family of shapes (benchmarks/fidelity_terms.py).
+        save_steps(Path(args.output).with_suffix(".profile_steps.json"), profile_samples,
+                   {"dtype": str(executor.dtype), "num_grid": cost.metadata.extra["num_grid"],
+                    "dispatch_rows": list(dispatch_rows(executor)), "seed": args.seed,
+                    "machine": machine})  # fmt: skip
         print(f"profiled {cost.metadata.extra['num_shapes']} shapes in "
               f"{time.perf_counter() - started:.0f} s ({executor.dtype}, quantization "
               f"{executor.quantization})")  # fmt: skip

@@ -302,6 +302,7 @@ def profile_model(
     idle_gaps: Sequence[float] | None = DEFAULT_GAPS_S,
     idle_repeats: int = 3,
     engine_config: Any = None,
+    samples_out: list[tuple[StepShape, float]] | None = None,
 ) -> ProfiledCostModel:
     """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
     `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
@@ -310,7 +311,8 @@ def profile_model(
     `idle_shapes` after sleeps of those seconds and fit the idle warm-up (its check:
     `.metadata.extra["idle"]`). With `engine_config` (the engine's config, its token budget and
     seats), also measure the engine's time around a step and an idle engine's wake
-    (heddle.model.profiling_host; `.metadata.extra["host"]`)."""
+    (heddle.model.profiling_host; `.metadata.extra["host"]`). `samples_out` receives the
+    timed (shape, seconds), the grid's first (`.metadata.extra["num_grid"]` of them)."""
     limits = dict(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
@@ -318,6 +320,7 @@ def profile_model(
         max_kv_tokens=executor.num_blocks * executor.block_size,
     )
     shapes = profile_grid(**limits)
+    num_grid = len(shapes)
     if num_mixed:
         shapes += profile_shapes(**limits, num_shapes=num_mixed, seed=seed)
     samples = profile_executor(
@@ -329,7 +332,9 @@ def profile_model(
         num_blocks=executor.num_blocks,
         vocab_size=executor.model_shape.vocab_size,
     )
-    extra: dict[str, Any] = {}
+    if samples_out is not None:
+        samples_out.extend(samples)
+    extra: dict[str, Any] = {"num_grid": num_grid}
     idle_warmup = None
     if idle_gaps:
         from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle

@@ -362,11 +362,17 @@ class ProfiledCostModel(CostModel):
 
 
 def _solve(
-    samples: Sequence[tuple[StepShape, float]], dispatch_rows: Sequence[int] = ()
+    samples: Sequence[tuple[StepShape, float]],
+    dispatch_rows: Sequence[int] = (),
+    without: Sequence[str] = (),
 ) -> np.ndarray:
-    """Coefficients minimising the relative error over `samples` (non-negative)."""
+    """Coefficients minimising the relative error over `samples` (non-negative); the terms
+    named in `without` are held at zero."""
     times = np.array([t for _, t in samples], dtype=float)
     x = np.array([features(s, dispatch_rows) for s, _ in samples], dtype=float)  # [samples, f]
+    names = feature_names(dispatch_rows)
+    for name in without:
+        x[:, names.index(name)] = 0.0
     weighted = x / times[:, None]
     # Columns scaled to unit norm so that token counts and attention pairs (orders of
     # magnitude apart) are conditioned alike; a feature never seen fits to zero.
@@ -386,6 +392,7 @@ def fit_profile(
     held_out: float = 0.0,
     seed: int = 0,
     dispatch_rows: Sequence[int] = (),
+    without: Sequence[str] = (),
 ) -> ProfiledCostModel:
     """Fit the coefficients to (shape, measured seconds) samples.
 
@@ -394,10 +401,14 @@ def fit_profile(
     random share of the samples is first left out of a fit and predicted by it: the report's
     held-out errors, overall and per kind of step, are what to expect on shapes the profile
     never measured. The saved coefficients are then fit to every sample. `dispatch_rows`:
-    the row counts where the executor switches kernels (`dispatch_names`).
+    the row counts where the executor switches kernels (`dispatch_names`). `without`: terms
+    held at zero (to measure what a term is worth).
     """
     dispatch_rows = tuple(sorted({int(k) for k in dispatch_rows if k >= 1}))
     names = feature_names(dispatch_rows)
+    unknown = sorted(set(without) - set(names))
+    if unknown:
+        raise HeddleError(f"cannot fit without unknown terms {unknown}; terms: {list(names)}")
     samples = [(s, t) for s, t in samples if not s.is_empty]
     if len(samples) < len(names):
         raise HeddleError(f"need at least {len(names)} non-empty samples, got {len(samples)}")
@@ -413,7 +424,7 @@ def fit_profile(
         random.Random(seed).shuffle(order)
         test = [samples[i] for i in order[:num_held]]
         train = [samples[i] for i in order[num_held:]]
-        solved = _solve(train, dispatch_rows).tolist()
+        solved = _solve(train, dispatch_rows, without).tolist()
         partial = ProfiledCostModel(dict(zip(names, solved, strict=True)))
         report = step_errors(partial, test)
         held = {
@@ -423,7 +434,7 @@ def fit_profile(
         held_median, held_p90 = report.overall.median_abs, report.overall.p90_abs
     else:
         num_held = 0
-    coefficients = _solve(samples, dispatch_rows)
+    coefficients = _solve(samples, dispatch_rows, without)
     times = np.array([t for _, t in samples], dtype=float)
     x = np.array([features(s, dispatch_rows) for s, _ in samples], dtype=float)
     predicted = x @ coefficients
