@@ -42,6 +42,7 @@ from heddle.clock import WallClock
 from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heddle.engine.engine import Engine
 from heddle.engine.replay import replay
+from heddle.errors import HeddleError
 from heddle.hostinfo import machine_line
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
@@ -441,7 +442,10 @@ def main() -> None:
     if args.resimulate:
         if not args.cost_model:
             parser.error("--resimulate needs --cost-model")
-        resimulate(args.resimulate, args.cost_model)
+        try:
+            resimulate(args.resimulate, args.cost_model)
+        except (HeddleError, OSError) as e:
+            parser.error(str(e))
         return
 
     names = [w.strip() for w in args.workloads.split(",") if w.strip()]
