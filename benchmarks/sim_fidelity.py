@@ -433,6 +433,8 @@ def main() -> None:
                         "the real runs' simulations instead of profiling first")
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--cases", default=None, metavar="WORKLOAD@RATE,...",
+                        help="these cases in this order instead of --workloads x --rates")
     parser.add_argument("--table", default=None, metavar="RESULTS.json",
                         help="print a saved run's figures as the docs' markdown")
     args = parser.parse_args()
@@ -452,6 +454,13 @@ def main() -> None:
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown or not names:
         parser.error(f"--workloads: unknown {unknown}; known: {', '.join(WORKLOADS)}")
+    try:
+        cases = ([(n, float(r)) for n in names for r in args.rates.split(",")] if not args.cases
+                 else [(c.split("@")[0], float(c.split("@")[1])) for c in args.cases.split(",")])
+    except (ValueError, IndexError):
+        parser.error("--rates: comma-separated requests/s; --cases: WORKLOAD@RATE,...")
+    if sorted({n for n, _ in cases} - set(WORKLOADS)):
+        parser.error(f"--cases: workloads are {', '.join(WORKLOADS)}")
     config = engine_config(args)
     executor = ModelExecutor(config.model, config.cache)
     idle_shape_names = [bucket(s) for s in idle_shapes(args.budget, args.max_num_seqs)]
@@ -544,90 +553,90 @@ def main() -> None:
     }
     all_steps: list[tuple[StepShape, float]] = []
     all_gaps: list[float | None] = []
-    for name, options in ((n, WORKLOADS[n]) for n in names):
-        for rate in (float(r) for r in args.rates.split(",")):
-            workload = get_workload(
-                name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
-            )
-            runs, steps, gaps, parts = [], [], [], []
-            for _ in range(args.runs):
-                pair = run_pair(config, executor, cost, workload)
-                runs.append(pair)
-                steps.extend(pair["steps"])
-                gaps.extend(pair["gaps"])
-                parts.append(pair["ttft_parts"])
-                print(f"{name} @ {rate}: real run {pair['elapsed']:.1f} s, "
-                      f"{len(pair['steps'])} steps, {int(pair['stalls'][0])} stalls adding "
-                      f"{pair['stalls'][1]:.2f} s")  # fmt: skip
-            median = {
-                key: {m: statistics.median(r[key][m]["rel_error"] for r in runs)
-                      for m in runs[0][key]}
-                for key in ("rows", "rows_shape_only")
-            }  # fmt: skip
-            free = [r for r in runs if not r["stalls"][0]]
-            if free:
-                median["stall_free"] = {m: statistics.median(r["rows"][m]["rel_error"]
-                                                             for r in free)
-                                        for m in runs[0]["rows"]}  # fmt: skip
-            per_step = step_errors(cost.executor_only(), steps)
-            gap_ratios = by_gap(cost, steps, gaps)
-            # The engine's own time between two steps with no wait between them.
-            between = [g for g in gaps if g is not None and g < GAP_EDGES_S[1]]
-            all_steps.extend(steps)
-            all_gaps.extend(gaps)
-            results["cases"].append(
-                {
-                    "workload": name,
-                    "rate": rate,
-                    "options": options,
-                    "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts",
-                                                "wait_parts", "host_gap", "stalls", "elapsed")}
-                             for r in runs],
-                    "median_rel_error_stall_free": median.get("stall_free"),
-                    "num_stall_free": len(free),
-                    "median_rel_error": median["rows"],
-                    "median_rel_error_shape_only": median["rows_shape_only"],
-                    "step_error": {
-                        b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
-                        for b in [per_step.overall, *per_step.buckets]
-                    },
-                    "by_gap": gap_ratios,
-                    "run_steps": [len(r["steps"]) for r in runs],
-                    "between_steps_ms": 1e3 * statistics.median(between) if between else None,
-                    "ttft_parts_ms": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
-                }
-            )  # fmt: skip
-            print(f"\n{name} @ {rate} req/s, {args.runs} runs of {args.num_requests} requests")
-            print(f"{'metric':14s} {'measured':>10s} {'simulated':>10s} {'median error':>13s} "
-                  f"{'shape-only':>11s}")  # fmt: skip
-            for metric in median["rows"]:
-                measured = statistics.median(r["rows"][metric]["measured"] for r in runs)
-                predicted = runs[0]["rows"][metric]["predicted"]
-                print(f"{metric:14s} {measured:10.4f} {predicted:10.4f} "
-                      f"{100 * median['rows'][metric]:12.1f}% "
-                      f"{100 * median['rows_shape_only'][metric]:10.1f}%")  # fmt: skip
-            print("per-step error of the (shape-only) cost model on the real steps:")
-            print("\n".join(per_step.lines()))
-            print("real step / back-to-back prediction, by the idle gap before the step:")
-            for key, (count, ratio) in gap_ratios.items():
-                print(f"  {key:36s} {int(count):5d} steps  median {ratio:.3f}")
-            if between:
-                print(f"engine time between back-to-back steps: median "
-                      f"{1e3 * statistics.median(between):.3f} ms")  # fmt: skip
-            print("TTFT parts, median ms: " + ", ".join(
-                f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
-            for who in ("real", "sim"):
-                print(f"wait before the first step, {who} (mean over the runs): " + ", ".join(
-                    f"{k} {statistics.fmean(r['wait_parts'][who][k] for r in runs):.2f}"
-                    for k in runs[0]["wait_parts"][who]))
-            print("back-to-back gaps [n, real median ms, modelled ms]: "
-                  + "; ".join(str([round(v, 3) for v in r["host_gap"]]) for r in runs))
-            if args.retime:
-                retime(executor, steps, args.retime, vocab)
-            # What is done so far, in case the run is cut short.
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(json.dumps(results, indent=1))
-            save_step_log(args.output, executor, machine, all_steps, all_gaps)
+    for name, rate in cases:
+        options = WORKLOADS[name]
+        workload = get_workload(
+            name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
+        )
+        runs, steps, gaps, parts = [], [], [], []
+        for _ in range(args.runs):
+            pair = run_pair(config, executor, cost, workload)
+            runs.append(pair)
+            steps.extend(pair["steps"])
+            gaps.extend(pair["gaps"])
+            parts.append(pair["ttft_parts"])
+            print(f"{name} @ {rate}: real run {pair['elapsed']:.1f} s, "
+                  f"{len(pair['steps'])} steps, {int(pair['stalls'][0])} stalls adding "
+                  f"{pair['stalls'][1]:.2f} s")  # fmt: skip
+        median = {
+            key: {m: statistics.median(r[key][m]["rel_error"] for r in runs)
+                  for m in runs[0][key]}
+            for key in ("rows", "rows_shape_only")
+        }  # fmt: skip
+        free = [r for r in runs if not r["stalls"][0]]
+        if free:
+            median["stall_free"] = {m: statistics.median(r["rows"][m]["rel_error"]
+                                                         for r in free)
+                                    for m in runs[0]["rows"]}  # fmt: skip
+        per_step = step_errors(cost.executor_only(), steps)
+        gap_ratios = by_gap(cost, steps, gaps)
+        # The engine's own time between two steps with no wait between them.
+        between = [g for g in gaps if g is not None and g < GAP_EDGES_S[1]]
+        all_steps.extend(steps)
+        all_gaps.extend(gaps)
+        results["cases"].append(
+            {
+                "workload": name,
+                "rate": rate,
+                "options": options,
+                "runs": [{k: r[k] for k in ("rows", "rows_shape_only", "ttft_parts",
+                                            "wait_parts", "host_gap", "stalls", "elapsed")}
+                         for r in runs],
+                "median_rel_error_stall_free": median.get("stall_free"),
+                "num_stall_free": len(free),
+                "median_rel_error": median["rows"],
+                "median_rel_error_shape_only": median["rows_shape_only"],
+                "step_error": {
+                    b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
+                    for b in [per_step.overall, *per_step.buckets]
+                },
+                "by_gap": gap_ratios,
+                "run_steps": [len(r["steps"]) for r in runs],
+                "between_steps_ms": 1e3 * statistics.median(between) if between else None,
+                "ttft_parts_ms": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
+            }
+        )  # fmt: skip
+        print(f"\n{name} @ {rate} req/s, {args.runs} runs of {args.num_requests} requests")
+        print(f"{'metric':14s} {'measured':>10s} {'simulated':>10s} {'median error':>13s} "
+              f"{'shape-only':>11s}")  # fmt: skip
+        for metric in median["rows"]:
+            measured = statistics.median(r["rows"][metric]["measured"] for r in runs)
+            predicted = runs[0]["rows"][metric]["predicted"]
+            print(f"{metric:14s} {measured:10.4f} {predicted:10.4f} "
+                  f"{100 * median['rows'][metric]:12.1f}% "
+                  f"{100 * median['rows_shape_only'][metric]:10.1f}%")  # fmt: skip
+        print("per-step error of the (shape-only) cost model on the real steps:")
+        print("\n".join(per_step.lines()))
+        print("real step / back-to-back prediction, by the idle gap before the step:")
+        for key, (count, ratio) in gap_ratios.items():
+            print(f"  {key:36s} {int(count):5d} steps  median {ratio:.3f}")
+        if between:
+            print(f"engine time between back-to-back steps: median "
+                  f"{1e3 * statistics.median(between):.3f} ms")  # fmt: skip
+        print("TTFT parts, median ms: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in results["cases"][-1]["ttft_parts_ms"].items()))
+        for who in ("real", "sim"):
+            print(f"wait before the first step, {who} (mean over the runs): " + ", ".join(
+                f"{k} {statistics.fmean(r['wait_parts'][who][k] for r in runs):.2f}"
+                for k in runs[0]["wait_parts"][who]))
+        print("back-to-back gaps [n, real median ms, modelled ms]: "
+              + "; ".join(str([round(v, 3) for v in r["host_gap"]]) for r in runs))
+        if args.retime:
+            retime(executor, steps, args.retime, vocab)
+        # What is done so far, in case the run is cut short.
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(results, indent=1))
+        save_step_log(args.output, executor, machine, all_steps, all_gaps)
     overall = step_errors(cost.executor_only(), all_steps).overall
     idle_steps = [(s, t) for (s, t), g in zip(all_steps, all_gaps, strict=True)
                   if g is None or g > BACK_TO_BACK_S]  # fmt: skip

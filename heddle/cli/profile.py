@@ -218,17 +218,18 @@ def _fit_from_run(args: argparse.Namespace) -> int:
 
 
 def _host_from_run(fitted: Any, steps: list[Any], gaps: list[float | None]) -> Any:
-    """The engine's time around a step, fit to the log's back-to-back gaps; the wake is not in
-    a step log (it comes before the step starts), so it stays 0."""
+    """The engine's time around a step and per new request, fit to the log's gaps; the sleep's
+    overshoot is not in a step log (an idle gap is the sleep and its overshoot), so the wake
+    stays 0."""
     from heddle.model.profiling_host import HostProfile, host_from_run
 
     try:
-        constant, per_row, error, used = host_from_run(steps, gaps)
+        constant, per_row, error, used, per_new = host_from_run(steps, gaps)
     except HeddleError:
         print("no engine time around a step: the log records no back-to-back gaps")
         return fitted
-    host = HostProfile(constant, per_row, 0.0, used, 0, error)
-    return fitted.with_host(constant, per_row, 0.0, measured=host.as_dict())
+    host = HostProfile(constant, per_row, per_new, 0.0, used, 0, error)
+    return fitted.with_host(constant, per_row, per_new, 0.0, measured=host.as_dict())
 
 
 def _record_run(args: argparse.Namespace, config: Any, executor: Any) -> int:

@@ -375,6 +375,7 @@ def profile_model(
             executor=executor,
             seed=seed,
         )
-        fitted = fitted.with_host(host.host_constant, host.host_per_row, host.wake,
+        fitted = fitted.with_host(host.host_constant, host.host_per_row,
+                                  host.host_per_new_request, host.wake,
                                   measured=host.as_dict())  # fmt: skip
     return fitted

@@ -15,8 +15,11 @@ schedules it. On a virtual clock neither costs anything unless the cost model ch
   with weights: on this dev box 3-5x slower than the same code between steps that cost nothing;
 - requests spaced out so that each arrives at an idle engine, over an executor that costs
   nothing (a `SimulatedExecutor` on a clock of its own): the median of their first schedule
-  minus their arrival is the wake (the sleep's overshoot and add_request; it depends on how
-  fast the OS gives the sleeping thread a CPU back, not on the model).
+  minus their arrival is the sleep's overshoot plus what admitting a request costs
+  (add_request: validation, block hashes, the policy's queue); the overshoot alone is timed
+  apart (`time.sleep` of 10 ms, how late it returns: the `wake`, how fast the OS gives the
+  sleeping thread a CPU back), the rest is `host_per_new_request`, which every arriving
+  request costs, idle engine or not.
 
 `heddle profile --from-run` fits the same line to a recorded run's back-to-back gaps instead.
 Torch-free.
@@ -51,6 +54,7 @@ class HostProfile:
 
     host_constant: float
     host_per_row: float
+    host_per_new_request: float
     wake: float
     num_gaps: int = 0
     num_wakes: int = 0
@@ -65,8 +69,9 @@ class HostProfile:
             f", median |error| {1e6 * self.median_abs_error:.0f} us")
         return [f"engine time around a step: {1e3 * self.host_constant:.3f} ms + "
                 f"{1e3 * self.host_per_row:.4f} ms per row ({self.num_gaps} back-to-back gaps"
-                f"{err}); an idle engine's wake: {1e3 * self.wake:.3f} ms (median of "
-                f"{self.num_wakes} arrivals)"]  # fmt: skip
+                f"{err}) + {1e3 * self.host_per_new_request:.3f} ms per new request; an idle "
+                f"engine's wake: {1e3 * self.wake:.3f} ms "
+                f"(median of {self.num_wakes})"]  # fmt: skip
 
 
 def fit_host(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
@@ -95,14 +100,40 @@ def fit_host(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
     return constant, per_row, statistics.median(errors)
 
 
+# A gap before a step that admits a request, under this, is the engine's work, not an idle wait.
+ADMIT_GAP_S = 0.005
+
+
 def host_from_run(
     steps: Sequence[tuple[StepShape, float]], gaps: Sequence[float | None]
-) -> tuple[float, float, float, int]:
-    """(constant, per row, median |error|, gaps used) fit to a recorded run's back-to-back
-    gaps: the gap before a step that started at once after the previous one."""
+) -> tuple[float, float, float, int, float]:
+    """(constant, per row, median |error|, gaps used, per new request) fit to a recorded
+    run's gaps: the line to the back-to-back gaps of steps that admit no request (a gap
+    before a step that started at once after the previous one), and the median excess over
+    that line of the gaps (under ADMIT_GAP_S) before a step with one new prompt (0 if none)."""
+    from heddle.sim.profiled import new_prompts
+
     points = [(shape.num_requests, gap) for (shape, _), gap in zip(steps, gaps, strict=True)
-              if gap is not None and gap <= BACK_TO_BACK_S]  # fmt: skip
-    return (*fit_host(points), len(points))
+              if gap is not None and gap <= BACK_TO_BACK_S
+              and not new_prompts(shape)]  # fmt: skip
+    constant, per_row, error = fit_host(points)
+    admits = [gap - constant - per_row * shape.num_requests
+              for (shape, _), gap in zip(steps, gaps, strict=True)
+              if gap is not None and gap < ADMIT_GAP_S and new_prompts(shape) == 1]  # fmt: skip
+    per_new = max(0.0, statistics.median(admits)) if admits else 0.0
+    return constant, per_row, error, len(points), per_new
+
+
+def sleep_overshoot(num_sleeps: int = 16, seconds: float = 0.01) -> float:
+    """Median seconds `time.sleep(seconds)` returns late."""
+    import time
+
+    late = []
+    for _ in range(num_sleeps):
+        start = time.perf_counter()
+        time.sleep(seconds)
+        late.append(time.perf_counter() - start - seconds)
+    return max(0.0, statistics.median(late))
 
 
 def profile_host(
@@ -144,18 +175,20 @@ def profile_host(
     options = {"length_scale": length_scale}
     burst, _ = run(get_workload("chat", seed=seed, num_requests=num_requests, rate=math.inf,
                                 **options), executor)  # fmt: skip
-    constant, per_row, error, used = host_from_run(burst.steps, burst.gaps)
+    constant, per_row, error, used, _ = host_from_run(burst.steps, burst.gaps)
     _, records = run(get_workload("chat", seed=seed + 1, num_requests=num_wakes,
                                   rate=wake_rate, **options))  # fmt: skip
     waits = [r.first_scheduled_time - r.arrival_time for r in records
              if r.first_scheduled_time is not None]  # fmt: skip
     if not waits:
         raise HeddleError("no request was scheduled while measuring the wake")
+    overshoot = sleep_overshoot()
     by_rows: dict[int, list[float]] = {}
     for (shape, _), gap in zip(burst.steps, burst.gaps, strict=True):
         if gap is not None and gap <= BACK_TO_BACK_S:
             by_rows.setdefault(shape.num_requests, []).append(gap)
     return HostProfile(
-        constant, per_row, statistics.median(waits), used, len(waits), error,
+        constant, per_row, max(0.0, statistics.median(waits) - overshoot), overshoot, used,
+        len(waits), error,
         {str(r): [float(len(g)), statistics.median(g)] for r, g in sorted(by_rows.items())},
     )

@@ -6,6 +6,7 @@
                    + sum_k c_k * max(0, tokens - k)          for the knots k of TOKEN_KNOTS
                    + c_g * constrained_rows
                    + host_constant + host_per_row * rows    (the engine's time around the step)
+                   + host_per_new_request * new_prompts     (its add_request and first schedule)
 
 fit by non-negative least squares on relative error (every coefficient >= 0, so predicted
 time never falls when a step grows). The hinge terms make the time a convex piecewise-linear
@@ -22,8 +23,10 @@ The engine's own time around a step (schedule, update, output processing, the ev
 not in the executor's step time but is on the real clock: `host_constant` + `host_per_row` *
 rows, measured apart (heddle.model.profiling_host: the real Engine and replay loop over an
 executor that costs nothing) or, `--from-run`, fit to the recorded gaps between back-to-back
-steps. `wake` is what an idle engine takes to start a step once a request arrives (the sleep's
-overshoot, add_request, the first schedule), charged to a step that follows an idle gap.
+steps. `host_per_new_request` is what admitting a request costs the engine (add_request, its
+first schedule), charged to the step with its first prompt chunk (a chunk with no computed
+prefix: `new_prompts`); `wake` is the sleep's overshoot of an idle engine, charged to a step
+that follows an idle gap.
 
 A step that follows an idle wait also pays the profile's idle warm-up (heddle.sim.warmup),
 measured by timing shapes after sleeps: `idle_time(gap)`.
@@ -73,7 +76,7 @@ FEATURES = (
 # Seconds per constrained sampling row: measured apart from the fit (see the module doc).
 CONSTRAINED_ROWS = "constrained_rows"
 # The engine's time around a step and an idle engine's wake: measured apart from the fit.
-HOST_TERMS = ("host_constant", "host_per_row", "wake")
+HOST_TERMS = ("host_constant", "host_per_row", "host_per_new_request", "wake")
 FORMAT = "heddle-step-profile/1"
 
 __all__ = [
@@ -167,6 +170,12 @@ class Coverage:
         return None
 
 
+def new_prompts(shape: StepShape) -> int:
+    """The step's prompt chunks with nothing computed before them: a request's first chunk
+    (a prefix-cache hit or a resumption is counted as continuing)."""
+    return sum(1 for n, c in shape.prefill_chunks if n == c)
+
+
 def _longest_context(shape: StepShape) -> int:
     num_decode = shape.num_decode_tokens
     decode = shape.decode_context_tokens // num_decode if num_decode else 0
@@ -236,8 +245,8 @@ class ProfiledCostModel(CostModel):
             raise HeddleError(f"profile coefficients must be non-negative: {coefficients}")
         self.coefficients = {name: float(coefficients.get(name, 0.0)) for name in known}
         self.constrained_row_seconds = self.coefficients[CONSTRAINED_ROWS]
-        self.host_constant, self.host_per_row, self.wake = (self.coefficients[n]
-                                                            for n in HOST_TERMS)  # fmt: skip
+        self.host_constant, self.host_per_row, self.host_per_new_request, self.wake = (
+            self.coefficients[n] for n in HOST_TERMS)  # fmt: skip
         self.metadata = metadata or ProfileMetadata()
         self.warmup = warmup
         self._weights = tuple(self.coefficients[name] for name in names)
@@ -260,11 +269,14 @@ class ProfiledCostModel(CostModel):
         time = sum(w * v for w, v in zip(self._weights, x, strict=True))
         if shape.num_constrained:
             time += self.constrained_row_seconds * shape.num_constrained
-        return time + self.host_constant + self.host_per_row * shape.num_requests
+        return time + self.host_time(shape)
 
     def host_time(self, shape: StepShape) -> float:
         """The engine's time around the step, included in `step_time`."""
-        return self.host_constant + self.host_per_row * shape.num_requests
+        time = self.host_constant + self.host_per_row * shape.num_requests
+        if self.host_per_new_request:
+            time += self.host_per_new_request * new_prompts(shape)
+        return time
 
     def with_constrained_row_seconds(
         self, seconds: float, measured: dict[str, Any] | None = None
@@ -292,21 +304,22 @@ class ProfiledCostModel(CostModel):
         return ProfiledCostModel(self.coefficients, self.metadata, warmup)
 
     def with_host(
-        self, host_constant: float, host_per_row: float, wake: float,
-        measured: dict[str, Any] | None = None,
+        self, host_constant: float, host_per_row: float, host_per_new_request: float,
+        wake: float, measured: dict[str, Any] | None = None,
     ) -> ProfiledCostModel:
-        """This profile with the engine's time around a step and an idle engine's wake set;
-        `measured` (how) goes into the metadata's extra as `host`."""
+        """This profile with the engine's time around a step, per new request and an idle
+        engine's wake set; `measured` (how) goes into the metadata's extra as `host`."""
         metadata = self.metadata
         if measured is not None:
             metadata = replace(metadata, extra={**metadata.extra, "host": measured})
-        terms = dict(zip(HOST_TERMS, (host_constant, host_per_row, wake), strict=True))
+        values = (host_constant, host_per_row, host_per_new_request, wake)
+        terms = dict(zip(HOST_TERMS, values, strict=True))
         return ProfiledCostModel({**self.coefficients, **terms}, metadata, self.warmup)
 
     def executor_only(self) -> ProfiledCostModel:
         """The executor's step alone, as `ExecutorOutput.step_duration` measures it: no idle
         warm-up, no wake, no engine time around the step (for per-step comparisons)."""
-        return self.with_host(0.0, 0.0, 0.0).with_warmup(None)
+        return self.with_host(0.0, 0.0, 0.0, 0.0).with_warmup(None)
 
     def coverage_warning(self) -> str | None:
         """One line when some predicted steps lay outside what the profile measured."""

@@ -33,11 +33,15 @@ def test_fit_host_is_a_line_through_the_median_gap_per_row_count():
 
 def test_host_from_run_reads_only_back_to_back_gaps():
     steps = [(StepShape((), (10,) * b), 0.01) for b in (1, 2, 3, 4)]
+    # A step that admits a request (a first prompt chunk) after 0.6 ms of the engine's work.
+    steps.append((StepShape(((20, 20),), (10,) * 2, num_sampled=3), 0.03))
     # The first step has no gap, the third followed 50 ms of idle: neither is engine time.
-    gaps = [None, 1e-4 + 1e-5 * 2, 0.05, 1e-4 + 1e-5 * 4]
-    constant, per_row, _, used = host_from_run(steps, gaps)
+    gaps = [None, 1e-4 + 1e-5 * 2, 0.05, 1e-4 + 1e-5 * 4, 6e-4]
+    constant, per_row, _, used, per_new = host_from_run(steps, gaps)
     assert used == 2
     assert constant == pytest.approx(1e-4, rel=1e-6) and per_row == pytest.approx(1e-5, rel=1e-6)
+    # Its excess over the line for its 3 rows: what admitting the request cost.
+    assert per_new == pytest.approx(6e-4 - 1e-4 - 3e-5, rel=1e-6)
 
 
 def test_profile_host_times_the_engine_loop():
@@ -48,7 +52,7 @@ def test_profile_host_times_the_engine_loop():
     assert host.num_gaps > 10 and host.num_wakes == 4
     # Python between steps: positive and well under a millisecond per step here.
     assert 0 < host.host_constant + 8 * host.host_per_row < 2e-3
-    assert 0 < host.wake < 0.1
+    assert 0 <= host.wake < 0.1 and 0 < host.host_per_new_request < 0.05
     assert set(host.by_rows) <= {str(r) for r in range(1, 9)}
     assert "engine time around a step" in host.lines()[0]
     assert HostProfile(**host.as_dict()) == host
@@ -60,8 +64,11 @@ def _new(request_id: str, context: int) -> NewRequest:
 
 def test_the_simulator_charges_engine_time_every_step_and_the_wake_after_idle():
     price = ProfiledCostModel({"constant": 0.01})
-    model = price.with_host(1e-4, 1e-5, 2e-3)
+    model = price.with_host(1e-4, 1e-5, 5e-4, 2e-3)
     assert model.executor_only().step_time(StepShape((), (5, 6))) == pytest.approx(0.01)
+    # A request's first prompt chunk pays its admission; a later chunk does not.
+    assert model.step_time(StepShape(((8, 8),), ())) == pytest.approx(0.01 + 1.1e-4 + 5e-4)
+    assert model.step_time(StepShape(((8, 16),), ())) == pytest.approx(0.01 + 1.1e-4)
     clock = VirtualClock()
     executor = SimulatedExecutor(model, clock, 100)
     builder = OutputBuilder(0)
