@@ -352,6 +352,37 @@ def table(results_path: str) -> None:
     print("step error with warm-up:", saved.get("step_error_all_with_warmup"))
 
 
+TARGET_FIGURES = ("ttft p50", "ttft p99", "tpot p50", "tpot p99", "e2e p50", "e2e p99",
+                  "output tok/s")  # fmt: skip
+
+
+def targets(paths: list[str]) -> None:
+    """The issue's targets over saved runs (one dtype's cases may be split over several
+    files): each case's p50/p99 TTFT, TPOT, E2E and throughput (median of its runs), how many
+    are within 10%, and the per-step error of each file's profile on its real steps."""
+    within = total = 0
+    for path in paths:
+        saved = json.loads(Path(path).read_text())
+        for case in saved["cases"]:
+            errors = case["median_rel_error"]
+            ok = [m for m in TARGET_FIGURES if abs(errors[m]) <= 0.10]
+            within += len(ok)
+            total += len(TARGET_FIGURES)
+            misses = ", ".join(f"{m} {100 * errors[m]:+.1f}%" for m in TARGET_FIGURES
+                               if m not in ok)  # fmt: skip
+            print(f"{saved['dtype']} {case['workload']} @ {case['rate']} "
+                  f"({saved['num_requests']} requests x {len(case['runs'])}): {len(ok)}/"
+                  f"{len(TARGET_FIGURES)} within 10%" + (f"; misses: {misses}" if misses else ""))
+        steps = saved.get("step_error_all") or [None] * 3
+        per_case = [(c["workload"], c["rate"], c["step_error"]["all"]) for c in saved["cases"]]
+        print(f"  {path}: per-step |error| over all real steps: "
+              + ("n/a" if steps[0] is None else
+                 f"{int(steps[0])} steps, median {100 * steps[1]:.1f}%, p90 {100 * steps[2]:.1f}%")
+              + "; per case: " + "; ".join(f"{w} @ {r}: {100 * e[1]:.1f}% / {100 * e[2]:.1f}%"
+                                          for w, r, e in per_case))  # fmt: skip
+    print(f"within 10%: {within} of {total}")
+
+
 def halves(saved: dict[str, Any], steps_path: Path) -> None:
     """Does the idle verdict move with the run's length? Steps with prefill, measured / the
     profile's back-to-back prediction, back to back vs after >= 100 ms idle, in the first and
@@ -437,9 +468,14 @@ def main() -> None:
                         help="these cases in this order instead of --workloads x --rates")
     parser.add_argument("--table", default=None, metavar="RESULTS.json",
                         help="print a saved run's figures as the docs' markdown")
+    parser.add_argument("--targets", default=None, metavar="RESULTS.json,...",
+                        help="the issue's targets over saved runs (comma-separated files)")
     args = parser.parse_args()
     if args.table:
         table(args.table)
+        return
+    if args.targets:
+        targets(args.targets.split(","))
         return
     if args.resimulate:
         if not args.cost_model:

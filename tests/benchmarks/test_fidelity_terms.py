@@ -71,3 +71,21 @@ def test_wait_parts_splits_the_wait_at_the_step_in_flight():
     assert parts["after step ms"] == pytest.approx(100.0)
     assert parts["idle wake ms"] == pytest.approx(10.0)
     assert parts["wait ms"] == pytest.approx((400 + 20 + 0) / 3)
+
+
+def test_targets_counts_the_figures_within_ten_percent(tmp_path, capsys):
+    import json
+
+    import sim_fidelity
+
+    errors = dict.fromkeys(sim_fidelity.TARGET_FIGURES, 0.05) | {"ttft p50": -0.12}
+    saved = {"dtype": "bf16", "num_requests": 30, "step_error_all": [100, 0.03, 0.08],
+             "cases": [{"workload": "chat", "rate": 1.0, "runs": [{}, {}, {}],
+                        "median_rel_error": errors,
+                        "step_error": {"all": [100, 0.03, 0.08, 0.0]}}]}  # fmt: skip
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(saved))
+    sim_fidelity.targets([str(path)])
+    out = capsys.readouterr().out
+    assert "chat @ 1.0 (30 requests x 3): 6/7 within 10%; misses: ttft p50 -12.0%" in out
+    assert "100 steps, median 3.0%, p90 8.0%" in out and "within 10%: 6 of 7" in out
