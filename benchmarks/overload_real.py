@@ -48,7 +48,7 @@ import httpx
 
 from heddle.bench import run_bench
 from heddle.bench.server import wait_healthy
-from heddle.hostinfo import cpu_model, free_port
+from heddle.hostinfo import free_port, machine_line
 from heddle.metrics.stats import LatencyStats
 from heddle.metrics.steady import Refused, window_report
 from heddle.metrics.summary import is_completed, meets_slo
@@ -353,7 +353,7 @@ def save(
     path: str, rows: list[dict[str, Any]], capacity: float, load: float, started: float
 ) -> dict[str, Any]:
     """Written after every arm, so a run cut short keeps what it measured."""
-    machine = f"{cpu_model()}; {os.cpu_count()} cores; Python {platform.python_version()}"
+    machine = f"{machine_line()}; Python {platform.python_version()}"
     out = {
         "command": " ".join(sys.argv),
         "machine": machine,

@@ -40,6 +40,7 @@ from typing import Any
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.policies import available_policies
+from heddle.hostinfo import machine_line
 from heddle.metrics.steady import Refused, interval, phase_reports, window_report
 from heddle.workloads import Workload, get_workload
 
@@ -291,16 +292,7 @@ def run_all(points: Sequence[Point], path: Path, jobs: int, resume: bool) -> lis
 
 
 def machine() -> str:
-    flags = ""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-        model = next(
-            line.split(":", 1)[1].strip() for line in info.splitlines() if "model name" in line
-        )
-        flags = model
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return f"{flags}; {multiprocessing.cpu_count()} cores; Python {platform.python_version()}"
+    return f"{machine_line()}; Python {platform.python_version()}"
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -316,12 +308,19 @@ COLUMNS = (
 )
 
 
+def _policy_name(point: dict[str, Any]) -> str:
+    """A policy and the options it ran with, e.g. "lanes (long_delay_seconds=10)"."""
+    opts = ",".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in point.get("policy_options") or ())  # fmt: skip
+    return point["policy"] + (f" ({opts})" if opts else "")
+
+
 def table(rows: Sequence[dict[str, Any]], by: str) -> str:
     """One line per (workload, policy, variant, `by`), the seeds summarized."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
         p = row["point"]
-        groups.setdefault((p["workload"], p["policy"], p["variant"], p[by]), []).append(row)
+        groups.setdefault((p["workload"], _policy_name(p), p["variant"], p[by]), []).append(row)
     header = ["workload", "policy", "variant", by.replace("_", " "), "seeds"]
     header += [c[0] for c in COLUMNS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -346,9 +345,7 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for row in rows:
         p = row["point"]
-        opts = ",".join(f"{k}={v}" for k, v in p.get("policy_options") or ())
-        name = p["policy"] + (f" ({opts})" if opts else "")
-        key = (p["workload"], p["load"], p["num_requests"], name, p["variant"])
+        key = (p["workload"], p["load"], p["num_requests"], _policy_name(p), p["variant"])
         groups.setdefault(key, []).append(row)
     header = [
         "workload", "load", "requests", "policy", "variant", "seeds", "tok/s", "tok/s / fcfs",

@@ -7,6 +7,7 @@
 #   benchmarks/steady_state_runs.sh study        # slo + priority rows, reasoning, multi-tenant
 #   benchmarks/steady_state_runs.sh throughput N SEEDS   # target 1 (runs cut at the last arrival)
 #   benchmarks/steady_state_runs.sh horizon      # one case against the run's length
+#   BG=1 /work/tools/bg LOG benchmarks/steady_state_runs.sh long   # reasoning, multi-tenant 10k-30k
 #   benchmarks/steady_state_runs.sh burst        # bursts apart from sustained overload
 #   benchmarks/steady_state_runs.sh slack        # target 3: the shedder's slack and the tail
 set -uo pipefail
@@ -15,7 +16,13 @@ PY=${PY:-/work/tools/py}
 CPU=${CPU:-/work/tools/cpu}
 # The timeout runs inside the CPU lock: time spent waiting for a timed benchmark to end is not
 # the job's. A piece that runs past it loses only the points in flight (--resume keeps the rest).
-piece() { "$CPU" timeout 290 "$PY" benchmarks/steady_state.py "$@" --resume --jobs 2 >/dev/null; }
+# BG=1: run under /work/tools/bg instead (niced, paused during timed benchmarks, no timeout:
+# paused time would count), one process per point.
+if [ "${BG:-0}" = 1 ]; then
+  piece() { echo "$(date -u +%H:%M:%S) $*"; "$PY" benchmarks/steady_state.py "$@" --resume --jobs 1 >/dev/null; }
+else
+  piece() { "$CPU" timeout 290 "$PY" benchmarks/steady_state.py "$@" --resume --jobs 2 >/dev/null; }
+fi
 case "${1:-}" in
   study)
     # chat and multi-tenant have one priority (priority = fcfs there); fair only matters with
@@ -59,6 +66,24 @@ case "${1:-}" in
     done
     # ~62 CPU-s alone (fcfs + shedder): longer than a 5-minute job on a loaded shared box.
     h --horizons 100000 --policies fcfs --variants shed --seeds 0 --name horizon100k_fcfs ;;
+  long)
+    # The study rows of the policies docs/POLICIES.md names best against the run's length
+    # (reasoning: priority; multi-tenant: fair), beside fcfs, with the shedder: 3,000 requests
+    # (seeds 0-2), 10,000 and 30,000 (seed 0). Meant for BG=1 (minutes of CPU in all).
+    for wp in reasoning:fcfs,priority multi-tenant:fcfs,fair; do
+      w=${wp%%:*}
+      for q in ${wp#*:}; do
+        q=${q//,/ }
+        for p in $q; do
+          piece study --workloads "$w" --policies "$p" --variants shed --loads 1,1.5,3 \
+            --num-requests 3000 --seeds 0,1,2 --name "study_${w}_${p}"
+          for n in 10000 30000; do
+            piece study --workloads "$w" --policies "$p" --variants shed --loads 1.5,3 \
+              --num-requests $n --seeds 0 --name "study_${w}_${p}_${n}"
+          done
+        done
+      done
+    done ;;
   burst)
     for p in fcfs lanes mlfq; do
       piece burst --workload long-prompt --policies "$p" --variants default,shed \
@@ -72,5 +97,5 @@ case "${1:-}" in
           --num-requests 3000 --seeds 0,1,2 --name "slack_${w}_${p}"
       done
     done ;;
-  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|burst|slack" >&2; exit 2 ;;
+  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|long|burst|slack" >&2; exit 2 ;;
 esac

@@ -11,6 +11,14 @@ what the short lane's demand leaves. When no short request has work, the long la
 the whole budget. The short lane gets whatever the long lane does not use. A lane's demand is
 what its running requests still have to compute plus the prompts of its waiting requests that
 can get a seat this step.
+
+Short requests pass long ones for at most `long_delay_seconds`: a long request ranks as if it
+had arrived that much later (priority's aging, one level). The token caps above do not bound
+that: once every seat is taken, the order of the waiting queue decides who gets a seat, and
+under sustained overload short requests alone keep the seats full, so with no bound
+(`long_delay_seconds=inf`) the long lane is never admitted again (0.1 of 3.4 long requests/s
+in docs/POLICIES.md, "Target 1"). With the bound, a long request waits at most that much longer
+than a short one that arrived with it.
 """
 
 from __future__ import annotations
@@ -44,12 +52,16 @@ class LanesPolicy(Policy):
         long_output_tokens: int = 1024,
         long_share: float = 0.25,
         long_min_share: float = 0.05,
+        long_delay_seconds: float = 30.0,
     ) -> None:
         super().__init__()
         if long_prompt_tokens < 1 or long_output_tokens < 1:
             raise ValueError("long_prompt_tokens and long_output_tokens must be positive")
         if not 0 <= long_min_share <= long_share <= 1:
             raise ValueError("need 0 <= long_min_share <= long_share <= 1")
+        if not long_delay_seconds >= 0:  # inf: short requests always first
+            raise ValueError(f"long_delay_seconds must be >= 0, got {long_delay_seconds}")
+        self.long_delay_seconds = float(long_delay_seconds)
         self.long_prompt_tokens = long_prompt_tokens
         self.long_output_tokens = long_output_tokens
         self.long_share = float(long_share)
@@ -64,7 +76,12 @@ class LanesPolicy(Policy):
         return SHORT_LANE
 
     def sort_key(self, request: Request, now: float) -> tuple[float, ...]:
-        return (int(self.lane_of(request) == LONG_LANE), request.arrival_time, request.seq)
+        is_long = self.lane_of(request) == LONG_LANE
+        if math.isinf(self.long_delay_seconds):
+            return (int(is_long), request.arrival_time, request.seq)
+        # A virtual arrival time: fixed while the request waits (its lane cannot change then).
+        delay = self.long_delay_seconds if is_long else 0.0
+        return (0, request.arrival_time + delay, request.seq)
 
     def step_limits(self, view: SchedulerView) -> StepLimits:
         demand = {SHORT_LANE: 0, LONG_LANE: 0}
