@@ -84,6 +84,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shed": {"admission": "slo"},  # the guard and the SLO shedder
     # The shedder admitting up to 0.3x the TTFT target (default 0.8x): where the tail goes
     "shed-0.3": {"admission": "slo", "admission_options": {"slack": 0.3}},
+    # The shedder with a looser preemption guard (30% recompute): what the guard's budget costs
+    # a policy that evicts for short requests (priority on reasoning).
+    "shed-guard-0.3": {"admission": "slo", "max_recompute_ratio": 0.3},
 }
 
 
