@@ -20,11 +20,20 @@ engine core a child of it, same environment). Conditions (--conditions, comma-se
   X#k            another process of condition X (the same settings): the spread between
                  processes that differ in nothing
 
+--replicas K runs every listed condition in K processes (X, X#2 .. X#K), and the summary then
+gives, per condition, the median over its processes of each process's median latency, the
+spread over processes (min-max), and the ratio of each condition's median to the first's: the
+serving verdict at concurrency 1 is `--replicas 3 --conditions off,serve` (two processes of one
+condition differ by up to ~18% per step on this VM, a per-process property, so one process per
+side measures that draw, not the serving path).
+
 Per condition: median end-to-end latency, median gap between tokens, mean `Executor.execute`
 per step (the worker's engine counter; the core's /metrics heddle_step_duration_seconds), and
 involuntary context switches of the engine's process per output token.
 
     /work/tools/bench /work/tools/py benchmarks/serve_interference.py
+    /work/tools/bench /work/tools/py benchmarks/serve_interference.py --replicas 3 \
+        --conditions off,serve --rounds 8
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import httpx
 import psutil
 
 from heddle.bench.server import wait_healthy
-from heddle.hostinfo import cpu_model, free_port
+from heddle.hostinfo import free_port, machine_line
 
 SERVE = (
     "import sys\n"
@@ -182,9 +191,13 @@ class Worker:
 
     def close(self) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps({"quit": True}) + "\n")
-        self.process.stdin.close()
-        self.process.wait(30)
+        try:
+            self.process.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.process.stdin.close()
+            self.process.wait(30)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.process.kill()  # it died already (e.g. a `timeout` signalled the group) or hangs
+            self.process.wait(30)
 
 
 def _nonvoluntary(process: psutil.Process) -> int:
@@ -278,6 +291,9 @@ def main() -> None:
         "off-passive+nb1.5",
     )
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="processes per listed condition (X, X#2, ...)"
+    )
     parser.add_argument("--concurrency", type=int, default=1, help="streams per request slot")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -287,7 +303,11 @@ def main() -> None:
     args = parser.parse_args()
     # A `timeout` around this script sends SIGTERM: end through `finally`, stopping the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
-    conditions = args.conditions.split(",")
+    if args.replicas < 1:
+        parser.error("--replicas must be at least 1")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    conditions = expand_replicas(args.conditions.split(","), args.replicas)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
 
     # One engine per distinct (kind, environment): conditions that differ only in the neighbour
@@ -330,7 +350,7 @@ def main() -> None:
         for engine in engines.values():
             engine.close()
 
-    print(f"machine: {cpu_model()}; torch threads {args.num_threads}, dtype {args.dtype}")
+    print(f"machine: {machine_line()}; torch threads {args.num_threads}, dtype {args.dtype}")
     print(f"{args.rounds} rounds of {args.concurrency} x ({args.prompt_len} prompt + "
           f"{args.output_len} output tokens)")  # fmt: skip
     base = statistics.median(r["latency"] for r in results[conditions[0]])
@@ -352,12 +372,46 @@ def main() -> None:
               f"{1000 * step:>17.2f}{switches:>16.2f}"
               f"{args.concurrency * args.output_len / latency:>14.1f}"
               f"{huge[engine_key(condition)] / 1024:>10.0f}")  # fmt: skip
-    Path(args.output).write_text(
-        json.dumps(
-            {"machine": cpu_model(), "args": vars(args), "summary": summary, "runs": results},
-            indent=1,
-        )
-    )
+    sides = side_summary(summary)
+    if any(len(side["processes"]) > 1 for side in sides.values()):
+        first = next(iter(sides.values()))["latency_median_s"]
+        print("\nper condition over its processes (each process: its median latency)")
+        print("condition      processes  median ms  min ms  max ms  spread  vs first")
+        for name, side in sides.items():
+            low, high = side["latency_min_s"], side["latency_max_s"]
+            print(f"{name:<15}{len(side['processes']):>9}{1000 * side['latency_median_s']:>11.0f}"
+                  f"{1000 * low:>8.0f}{1000 * high:>8.0f}{high / low - 1:>8.1%}"
+                  f"{side['latency_median_s'] / first:>10.3f}")  # fmt: skip
+    record = {"machine": machine_line(), "args": vars(args), "summary": summary, "sides": sides,
+              "runs": results}  # fmt: skip
+    Path(args.output).write_text(json.dumps(record, indent=1))
+
+
+def expand_replicas(conditions: list[str], replicas: int) -> list[str]:
+    """Every condition in `replicas` processes: X, X#2, ..., X#K (an explicit X#k is kept)."""
+    expanded: list[str] = []
+    for condition in conditions:
+        expanded.append(condition)
+        if "#" not in condition:
+            expanded.extend(f"{condition}#{k}" for k in range(2, replicas + 1))
+    if len(set(expanded)) != len(expanded):
+        raise SystemExit(f"serve_interference.py: a condition is listed twice: {expanded}")
+    return expanded
+
+
+def side_summary(summary: dict[str, dict]) -> dict[str, dict]:
+    """Group the processes of each condition (X, X#2, ...): median of their medians, spread."""
+    groups: dict[str, list[str]] = {}
+    for condition in summary:
+        groups.setdefault(condition.split("#")[0], []).append(condition)
+    sides = {}
+    for name, members in groups.items():
+        latencies = [summary[m]["latency_s"] for m in members]
+        sides[name] = {"processes": members, "latency_median_s": statistics.median(latencies),
+                       "latency_min_s": min(latencies), "latency_max_s": max(latencies),
+                       "execute_per_step_median_s": statistics.median(
+                           summary[m]["execute_per_step_s"] for m in members)}  # fmt: skip
+    return sides
 
 
 def run_one(engine: Worker | Server, condition: str, request_id: str, prompt: list[int],
