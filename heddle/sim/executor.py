@@ -10,8 +10,10 @@ id, drawn once per request from (seed, request id): no per-token pseudo-random w
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import Sequence
+from operator import add, ge
 
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, SchedulerOutput
@@ -20,6 +22,7 @@ from heddle.spec.sim import SimAcceptance
 
 _MASK64 = (1 << 64) - 1
 _NO_TOKENS: tuple[int, ...] = ()
+_NEVER = sys.maxsize  # the eos_end of a request without a true length
 
 
 def _mix64(x: int) -> int:
@@ -31,15 +34,19 @@ def _mix64(x: int) -> int:
 
 
 class _SimRequest:
-    """What the simulated executor keeps of a request between steps."""
+    """What the simulated executor keeps of a request between steps: nothing that changes.
 
-    __slots__ = ("eos", "eos_at", "num_output", "token")
+    A sampling row's token is output number `end - num_prompt_tokens` of its request (`end`:
+    the row's context length, which is the request's known length), so EOS is due exactly at
+    the rows whose `end` reaches `eos_end` (prompt + true output length - 1): the executor
+    counts nothing per step, and a step whose rows all sample is answered by C-level maps."""
 
-    def __init__(self, token: list[int], eos: list[int], eos_at: int | None, num_output: int):
+    __slots__ = ("eos", "eos_end", "token")
+
+    def __init__(self, token: list[int], eos: list[int], eos_end: int):
         self.token = token  # [the request's ordinary token id], one list reused every step
         self.eos = eos
-        self.eos_at = eos_at  # the output index that is EOS (true_output_len - 1), if known
-        self.num_output = num_output
+        self.eos_end = eos_end
 
 
 class SimulatedExecutor:
@@ -64,6 +71,10 @@ class SimulatedExecutor:
         self.vocab_size = vocab_size
         self.seed = seed
         self._requests: dict[str, _SimRequest] = {}
+        # The same, as two flat maps the all-rows-sample path reads with `map` (no per-row
+        # Python): request id -> [ordinary token], request id -> eos_end.
+        self._tokens: dict[str, list[int]] = {}
+        self._eos_ends: dict[str, int] = {}
         self.acceptance = acceptance or SimAcceptance(0.0)
         # The idle warm-up (heddle.sim.warmup): a step after a wait on the clock costs more.
         self._charges_idle = cost_model.charges_idle
@@ -88,14 +99,18 @@ class SimulatedExecutor:
         clock (or the first step) adds the cost model's idle warm-up.
         """
         so = scheduler_output
-        requests = self._requests
+        requests, tokens, eos_ends = self._requests, self._tokens, self._eos_ends
         for request_id in so.finished_request_ids:
-            requests.pop(request_id, None)
+            if requests.pop(request_id, None) is not None:
+                del tokens[request_id], eos_ends[request_id]
             self.acceptance.forget(request_id)
         for request_id in so.preempted_request_ids:
-            requests.pop(request_id, None)
+            if requests.pop(request_id, None) is not None:
+                del tokens[request_id], eos_ends[request_id]
         for new in so.new_requests:
-            requests[new.request_id] = self._new_state(new)
+            state = requests[new.request_id] = self._new_state(new)
+            tokens[new.request_id] = state.token
+            eos_ends[new.request_id] = state.eos_end
         duration = 0.0
         if so.request_ids:
             duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
@@ -110,45 +125,58 @@ class SimulatedExecutor:
                 duration += self.cost_model.idle_time(None if last is None else now - last)
                 self._last_end = now + duration
             self.clock.advance(duration)
-        sampled: list[Sequence[int]] = []
-        append = sampled.append
+        ids = so.request_ids
         drafts = so.draft_token_ids
-        for request_id, samples in zip(so.request_ids, so.sample, strict=True):
+        if not drafts and so.num_sampled == len(ids):
+            # Every row samples one token (the usual step): each its request's ordinary token,
+            # EOS where the row's end reaches the request's eos_end.
+            sampled: list[Sequence[int]] = list(map(tokens.__getitem__, ids))
+            ends = list(map(add, so.num_computed_tokens, so.num_new_tokens))
+            if any(map(ge, ends, map(eos_ends.__getitem__, ids))):
+                for index, (request_id, end) in enumerate(zip(ids, ends, strict=True)):
+                    state = requests[request_id]
+                    if end >= state.eos_end:
+                        sampled[index] = state.eos
+            return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
+        sampled = []
+        append = sampled.append
+        for request_id, start, num_new, samples in zip(
+            ids, so.num_computed_tokens, so.num_new_tokens, so.sample, strict=True
+        ):
             if not samples:
                 append(_NO_TOKENS)
                 continue
             state = requests[request_id]
             if drafts and request_id in drafts:
-                append(self._verify(state, request_id, so.step_id, len(drafts[request_id])))
+                k = len(drafts[request_id])
+                append(self._verify(state, request_id, so.step_id, k, start + num_new - k))
                 continue
-            eos_at = state.eos_at
-            append(state.eos if eos_at is not None and state.num_output >= eos_at else state.token)
-            state.num_output += 1
+            append(state.eos if start + num_new >= state.eos_end else state.token)
         return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
 
-    def _verify(self, state: _SimRequest, request_id: str, step_id: int, k: int) -> list[int]:
-        """The accepted drafts and one more token, up to and including EOS."""
+    def _verify(
+        self, state: _SimRequest, request_id: str, step_id: int, k: int, end: int
+    ) -> list[int]:
+        """The accepted drafts and one more token, up to and including EOS (`end`: the row's
+        context length without its k drafts, where its first sampled token is)."""
         n = self.acceptance.accepted(request_id, step_id, k) + 1
         out: list[int] = []
-        for _ in range(n):
-            eos_at = state.eos_at
-            if eos_at is not None and state.num_output >= eos_at:
+        for position in range(end, end + n):
+            if position >= state.eos_end:
                 out.extend(state.eos)
-                state.num_output += 1
                 break
             out.extend(state.token)
-            state.num_output += 1
         return out
 
     def _new_state(self, new: NewRequest) -> _SimRequest:
         """At or past the true length (min_tokens can hold EOS back) a request keeps answering
         EOS, as a model that wants to stop would."""
         eos = new.eos_token_id
-        eos_at = None
+        eos_end = _NEVER
         if new.true_output_len is not None and eos is not None:
-            eos_at = new.true_output_len - 1
+            eos_end = new.num_prompt_tokens + new.true_output_len - 1
         token = self.request_token(new.request_id, eos, new.sampling_params.stop_token_ids)
-        return _SimRequest([token], [eos] if eos is not None else [], eos_at, new.num_output_tokens)
+        return _SimRequest([token], [eos] if eos is not None else [], eos_end)
 
     def request_token(
         self, request_id: str, eos_token_id: int | None, stop_token_ids: tuple[int, ...] = ()
