@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 import zlib
 from collections.abc import Sequence
-from operator import add, ge
 
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, SchedulerOutput
@@ -39,7 +38,7 @@ class _SimRequest:
     A sampling row's token is output number `end - num_prompt_tokens` of its request (`end`:
     the row's context length, which is the request's known length), so EOS is due exactly at
     the rows whose `end` reaches `eos_end` (prompt + true output length - 1): the executor
-    counts nothing per step, and a step whose rows all sample is answered by C-level maps."""
+    counts nothing per step (one compare and one append per row)."""
 
     __slots__ = ("eos", "eos_end", "token")
 
@@ -71,10 +70,6 @@ class SimulatedExecutor:
         self.vocab_size = vocab_size
         self.seed = seed
         self._requests: dict[str, _SimRequest] = {}
-        # The same, as two flat maps the all-rows-sample path reads with `map` (no per-row
-        # Python): request id -> [ordinary token], request id -> eos_end.
-        self._tokens: dict[str, list[int]] = {}
-        self._eos_ends: dict[str, int] = {}
         self.acceptance = acceptance or SimAcceptance(0.0)
         # The idle warm-up (heddle.sim.warmup): a step after a wait on the clock costs more.
         self._charges_idle = cost_model.charges_idle
@@ -99,18 +94,14 @@ class SimulatedExecutor:
         clock (or the first step) adds the cost model's idle warm-up.
         """
         so = scheduler_output
-        requests, tokens, eos_ends = self._requests, self._tokens, self._eos_ends
+        requests = self._requests
         for request_id in so.finished_request_ids:
-            if requests.pop(request_id, None) is not None:
-                del tokens[request_id], eos_ends[request_id]
+            requests.pop(request_id, None)
             self.acceptance.forget(request_id)
         for request_id in so.preempted_request_ids:
-            if requests.pop(request_id, None) is not None:
-                del tokens[request_id], eos_ends[request_id]
+            requests.pop(request_id, None)
         for new in so.new_requests:
-            state = requests[new.request_id] = self._new_state(new)
-            tokens[new.request_id] = state.token
-            eos_ends[new.request_id] = state.eos_end
+            requests[new.request_id] = self._new_state(new)
         duration = 0.0
         if so.request_ids:
             duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
@@ -127,19 +118,16 @@ class SimulatedExecutor:
             self.clock.advance(duration)
         ids = so.request_ids
         drafts = so.draft_token_ids
-        if not drafts and so.num_sampled == len(ids):
-            # Every row samples one token (the usual step): each its request's ordinary token,
-            # EOS where the row's end reaches the request's eos_end.
-            sampled: list[Sequence[int]] = list(map(tokens.__getitem__, ids))
-            ends = list(map(add, so.num_computed_tokens, so.num_new_tokens))
-            if any(map(ge, ends, map(eos_ends.__getitem__, ids))):
-                for index, (request_id, end) in enumerate(zip(ids, ends, strict=True)):
-                    state = requests[request_id]
-                    if end >= state.eos_end:
-                        sampled[index] = state.eos
-            return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
-        sampled = []
+        sampled: list[Sequence[int]] = []
         append = sampled.append
+        if not drafts and so.num_sampled == len(ids):
+            # Every row samples one token (the usual step): its request's ordinary token, EOS
+            # where the row's end reaches the request's eos_end; nothing is counted.
+            columns = zip(ids, so.num_computed_tokens, so.num_new_tokens, strict=True)
+            for request_id, start, num_new in columns:
+                state = requests[request_id]
+                append(state.eos if start + num_new >= state.eos_end else state.token)
+            return ExecutorOutput(sampled_token_ids=sampled, step_duration=duration)
         for request_id, start, num_new, samples in zip(
             ids, so.num_computed_tokens, so.num_new_tokens, so.sample, strict=True
         ):
