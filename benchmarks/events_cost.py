@@ -9,7 +9,13 @@ process CPU time beside the wall time, the cost per step, and how many events a 
 step stats and no view probe: only what every run pays. Several `--num-requests` in one
 command run one after the other (is the cost per step the same at every length?).
 
+With `--parallel`, each repeat runs its two arms at the same time, one pinned to each of two
+CPUs (the CPUs swapped every repeat), each in a process of its own: both arms see the same
+moment of the machine (its drift cancels within a pair) and a pair takes the time of one run.
+
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000 20000
+    /work/tools/bench .venv/bin/python benchmarks/events_cost.py --parallel --repeats 7 \
+        --num-requests 10000 20000 40000
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
-from heddle.hostinfo import cpuinfo
+from heddle.hostinfo import machine_line
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
 
@@ -107,33 +115,77 @@ def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
     return out
 
 
-def measure(num_requests: int, rate: float, seed: int, repeats: int) -> dict[str, object]:
-    """Events on and off at one length, alternating which arm goes first."""
+def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, float]:
+    with GCTimer() as collector:
+        wall, cpu, steps, logged = run(
+            num_requests, rate, seed, DEFAULT_CAPACITY if arm == "on" else 0
+        )
+    return {"wall": wall, "cpu": cpu, "gc": collector.seconds, "steps": steps, "events": logged}
+
+
+def parallel_pair(num_requests: int, rate: float, seed: int, swap: bool) -> dict[str, dict]:
+    """Both arms at once, each in its own process pinned to one CPU (`swap`: the other way)."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        raise SystemExit("--parallel needs two CPUs")
+    procs = {}
+    for arm, cpu in zip(("on", "off"), cpus[::-1] if swap else cpus, strict=True):
+        code = (
+            "import json, os, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
+            f"os.sched_setaffinity(0, {{{cpu}}}); "
+            "from events_cost import one_arm; "
+            f"print(json.dumps(one_arm({num_requests}, {rate!r}, {seed}, {arm!r})))"
+        )
+        procs[arm] = (
+            cpu,
+            subprocess.Popen(
+                [sys.executable, "-c", code, os.path.abspath(__file__)], stdout=subprocess.PIPE
+            ),
+        )
+    out = {}
+    for arm, (cpu, proc) in procs.items():
+        stdout, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"the {arm} arm failed (exit {proc.returncode})")
+        out[arm] = {**json.loads(stdout.decode().strip().splitlines()[-1]), "cpu_id": cpu}
+    return out
+
+
+def measure(
+    num_requests: int, rate: float, seed: int, repeats: int, parallel: bool = False
+) -> dict[str, object]:
+    """Events on and off at one length: alternating which arm goes first, or (`parallel`) at
+    the same time on two CPUs, swapped every repeat."""
     walls: dict[str, list[float]] = {"on": [], "off": []}
     cpus: dict[str, list[float]] = {"on": [], "off": []}
     gcs: dict[str, list[float]] = {"on": [], "off": []}
     steps = num_events = 0
     for i in range(repeats):
-        for arm in ("on", "off") if i % 2 == 0 else ("off", "on"):
-            with GCTimer() as collector:
-                wall, cpu, steps, logged = run(
-                    num_requests, rate, seed, DEFAULT_CAPACITY if arm == "on" else 0
-                )
-            walls[arm].append(wall)
-            cpus[arm].append(cpu)
-            gcs[arm].append(collector.seconds)
-            num_events = max(num_events, logged)
+        if parallel:
+            results = parallel_pair(num_requests, rate, seed, swap=i % 2 == 1)
+        else:
+            order = ("on", "off") if i % 2 == 0 else ("off", "on")
+            results = {arm: one_arm(num_requests, rate, seed, arm) for arm in order}
+        for arm, r in results.items():
+            walls[arm].append(r["wall"])
+            cpus[arm].append(r["cpu"])
+            gcs[arm].append(r["gc"])
+            steps = int(r["steps"])
+            num_events = max(num_events, int(r["events"]))
+            where = f" on CPU {r['cpu_id']}" if "cpu_id" in r else ""
             print(
-                f"  {num_requests} requests, events {arm:>3}: {wall:6.2f} s wall, {cpu:6.2f} s "
-                f"CPU ({collector.seconds:.2f} s in the garbage collector), {steps} steps, "
-                f"{logged} events",
+                f"  {num_requests} requests, events {arm:>3}{where}: {r['wall']:6.2f} s wall, "
+                f"{r['cpu']:6.2f} s CPU ({r['gc']:.2f} s in the garbage collector), {steps} "
+                f"steps, {int(r['events'])} events",
                 flush=True,
             )
     on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
     paired = statistics.median(a / b - 1 for a, b in zip(walls["on"], walls["off"], strict=True))
     cpu_on, cpu_off = statistics.median(cpus["on"]), statistics.median(cpus["off"])
+    paired_cpu = statistics.median(a / b - 1 for a, b in zip(cpus["on"], cpus["off"], strict=True))
     summary: dict[str, object] = {
         "num_requests": num_requests,
+        "parallel": parallel,
         "num_steps": steps,
         "num_events": num_events,
         "wall_on": walls["on"],
@@ -147,13 +199,16 @@ def measure(num_requests: int, rate: float, seed: int, repeats: int) -> dict[str
         "overhead": on / off - 1,
         "overhead_paired": paired,
         "overhead_cpu": cpu_on / cpu_off - 1,
+        "overhead_cpu_paired": paired_cpu,
+        "pairs": [a / b - 1 for a, b in zip(walls["on"], walls["off"], strict=True)],
         "cost_per_step_us": 1e6 * (on - off) / steps,
         "step_wall_us": 1e6 * off / steps,
     }
     print(
         f"{num_requests} requests: median wall on {on:.2f} s, off {off:.2f} s: decision events "
         f"cost {100 * (on / off - 1):+.2f}% (median of the pairs {100 * paired:+.2f}%; CPU time "
-        f"{100 * (cpu_on / cpu_off - 1):+.2f}%), {1e6 * (on - off) / steps:.2f} us per step of "
+        f"{100 * (cpu_on / cpu_off - 1):+.2f}%, pairs {100 * paired_cpu:+.2f}%), "
+        f"{1e6 * (on - off) / steps:.2f} us per step of "
         f"{1e6 * off / steps:.0f} us; {num_events} events logged",
         flush=True,
     )
@@ -169,6 +224,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default="results/events_cost.json")
     parser.add_argument(
+        "--rate", type=float, help="requests/s (default: --load x the saturation throughput)"
+    )
+    parser.add_argument(
+        "--parallel", action="store_true", help="run each pair's arms at once, one per CPU"
+    )
+    parser.add_argument(
         "--counts",
         action="store_true",
         help="untimed: what the log records per step at each length (deterministic)",
@@ -177,28 +238,33 @@ def main() -> None:
 
     from heddle.metrics import summarize
 
-    config = EngineConfig(
-        cache=CacheConfig(block_size=16),
-        scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
-    )
-    saturated = simulate(
-        get_workload("chat", seed=args.seed, num_requests=args.saturation_requests, rate=math.inf),
-        build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False),
-    )
-    rate = args.load * summarize(saturated.records).overall.request_throughput
-    model, flags = cpuinfo()
-    wanted = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8")
-    machine = f"{model}, {os.cpu_count()} cores, flags: " + " ".join(
-        f for f in wanted if f in flags.split()
-    )
-    print(f"{machine}; chat at {rate:.1f} req/s", flush=True)
-    if args.counts:
-        runs = [counts(n, rate, args.seed) for n in args.num_requests]
+    if args.rate is not None:
+        if not (args.rate > 0 and math.isfinite(args.rate)):
+            raise SystemExit("--rate must be a positive number of requests per second")
+        rate = args.rate
     else:
-        runs = [measure(n, rate, args.seed, args.repeats) for n in args.num_requests]
+        config = EngineConfig(
+            cache=CacheConfig(block_size=16),
+            scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
+        )
+        saturated = simulate(
+            get_workload(
+                "chat", seed=args.seed, num_requests=args.saturation_requests, rate=math.inf
+            ),
+            build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False),
+        )
+        rate = args.load * summarize(saturated.records).overall.request_throughput
+    machine = machine_line()
+    print(f"{machine}; chat at {rate:.1f} req/s", flush=True)
+    runs: list[dict[str, object]] = []
     summary = {"machine": machine, "rate": rate, "repeats": args.repeats, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
+    for n in args.num_requests:  # written after each length: a cut run keeps what it measured
+        if args.counts:
+            runs.append(counts(n, rate, args.seed))
+        else:
+            runs.append(measure(n, rate, args.seed, args.repeats, args.parallel))
+        Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ One server (the embedded SmolLM2-135M, --max-num-seqs 64) serves alternating rou
 bench client (`heddle bench serve`, closed loop at --concurrency 64, fixed lengths). In "open"
 rounds a headless Chromium (Debian's, driven by Playwright) has /dashboard open and following
 the live stream; in "closed" rounds no page is open. Reports per-round output throughput and
-mean TPOT, the median of each arm and their ratio, and the page's lag: for every batch of steps
-the stream delivers, the time from the step's end on the server to the page having drawn it.
+mean TPOT, the median of each arm and their ratio, and the page's lag: for every redraw, the
+time from the end of the oldest step it newly draws (on the engine) to the page having drawn
+it, split into the step's wait in the server's store for the next stream message, the
+message's way to the page, and the page's wait for and time of its redraw.
 
     /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 3
 """
@@ -27,7 +29,7 @@ import httpx
 import psutil
 
 from heddle.bench.server import wait_healthy
-from heddle.hostinfo import cpu_model, free_port
+from heddle.hostinfo import free_port, machine_line
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -120,6 +122,7 @@ def main() -> None:
     )  # fmt: skip
     rounds: list[dict[str, Any]] = []
     lags: list[float] = []
+    parts: list[list[float]] = []
     try:
         wait_healthy(server, base_url)
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
@@ -152,6 +155,7 @@ def main() -> None:
                         result["page_lags_ms"] = stats["lags"]
                         result["page_errors"] = stats["errors"]
                         lags.extend(stats["lags"])
+                        parts.extend(stats["lagParts"])
                         page.close()
                     rounds.append(result)
                     cpu = result["cpu_s"]
@@ -173,8 +177,21 @@ def main() -> None:
     closed, opened = median("closed", "output_throughput"), median("open", "output_throughput")
     tpot_closed, tpot_open = median("closed", "tpot_mean"), median("open", "tpot_mean")
     lags.sort()
+
+    def quantiles(values: list[float]) -> dict[str, float | None]:
+        values = sorted(values)
+        if not values:
+            return {"p50": None, "p99": None, "max": None}
+        return {
+            "p50": values[len(values) // 2],
+            "p99": values[int(0.99 * (len(values) - 1))],
+            "max": values[-1],
+        }
+
+    names = ("store_wait", "delivery", "redraw")
+    lag_parts = {name: quantiles([p[i] for p in parts]) for i, name in enumerate(names)}
     summary = {
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "machine": machine_line(),
         "concurrency": args.concurrency,
         "rounds": args.rounds,
         "throughput_closed": closed,
@@ -186,6 +203,7 @@ def main() -> None:
         "lag_ms_p99": lags[int(0.99 * (len(lags) - 1))] if lags else None,
         "lag_ms_max": lags[-1] if lags else None,
         "num_lag_samples": len(lags),
+        "lag_parts_ms": lag_parts,
         "cpu_s_median": {
             arm: {
                 part: statistics.median(r["cpu_s"][part] for r in rounds if r["arm"] == arm)
@@ -201,7 +219,13 @@ def main() -> None:
         f"TPOT {1000 * tpot_closed:.1f} vs {1000 * tpot_open:.1f} ms\n"
         f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
         f"p99 {summary['lag_ms_p99']:.0f} ms, max {summary['lag_ms_max']:.0f} ms "
-        f"({len(lags)} updates)\nCPU seconds per round (median), closed / open: "
+        f"({len(lags)} updates)\n  of which "
+        + "; ".join(
+            f"{name.replace('_', ' ')} p50 {q['p50']:.0f} / p99 {q['p99']:.0f} ms"
+            for name, q in lag_parts.items()
+            if q["p50"] is not None
+        )
+        + "\nCPU seconds per round (median), closed / open: "
         + ", ".join(
             f"{part} {summary['cpu_s_median']['closed'][part]:.1f} / "
             f"{summary['cpu_s_median']['open'][part]:.1f}"

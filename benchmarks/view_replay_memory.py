@@ -18,6 +18,10 @@ which the view does not read); then `--run` on that view file opens it in the br
 
     .venv/bin/python benchmarks/view_replay_memory.py --num-requests 100000 --simulate-only
     .venv/bin/python benchmarks/view_replay_memory.py --run results/view_100000/simulate.view.json.gz
+
+`--load-only --run FILE` measures the `heddle view` process alone (no browser): it loads the
+file and answers what the page asks, and reports its resident set after each (run it under
+`/usr/bin/time -v` for the kernel's own maximum).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -33,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from heddle.hostinfo import machine_line
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -92,6 +97,60 @@ def simulate_view_only(num_requests: int, rate: float) -> None:
     )
 
 
+def load_only(run: Path, output: str) -> None:
+    """The `heddle view` process alone: load the run (as `heddle view` does) and answer what
+    the page asks of it (the whole run, a window, latency, the request list, drill-downs of
+    the most stalled requests, markers); its resident set after each, and at most."""
+    from heddle.view.cli import load_store
+    from heddle.view.pictures import pictures
+
+    def rss_mb() -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    phases: dict[str, float] = {"start": rss_mb()}
+    started = time.perf_counter()
+    store = load_store(str(run))
+    load_seconds = time.perf_counter() - started
+    phases["loaded"] = rss_mb()
+    meta = store.meta()
+    span = (meta["end"] or 0) - (meta["start"] or 0)
+    store.steps(None, None, 1500)
+    store.steps(span * 0.4, span * 0.5, 600)
+    phases["windows"] = rss_mb()
+    store.latency()
+    phases["latency"] = rss_mb()
+    listed = store.request_list("stall", 50)
+    for row in listed[:5]:
+        store.request(row["id"])
+    phases["drill-downs"] = rss_mb()
+    store.markers(span * 0.4, span * 0.5)
+    pictures(store)
+    phases["markers and pictures"] = rss_mb()
+    summary = {
+        "machine": machine_line(),
+        "run": str(run),
+        "num_steps": meta["num_steps"],
+        "num_requests": meta["num_requests"],
+        "num_events": meta["num_events"],
+        "load_seconds": load_seconds,
+        "rss_mb": phases,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print(
+        f"{run}: {meta['num_requests']} requests, {meta['num_steps']} steps, "
+        f"{meta['num_events']} events; loaded in {load_seconds:.1f} s; resident "
+        + ", ".join(f"{k} {v:.0f} MB" for k, v in phases.items())
+        + f"; at most {summary['max_rss_mb']:.0f} MB",
+        flush=True,
+    )
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(summary, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=100_000)
@@ -101,12 +160,22 @@ def main() -> None:
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--output", default="results/view_replay_memory.json")
     parser.add_argument(
+        "--load-only",
+        action="store_true",
+        help="load --run as `heddle view` does, ask it what the page asks, report the resident set",
+    )
+    parser.add_argument(
         "--simulate-only", action="store_true", help="write the run's view file and stop"
     )
     args = parser.parse_args()
 
     if args.simulate_only:
         simulate_view_only(args.num_requests, args.rate)
+        return
+    if args.load_only:
+        if args.run is None:
+            raise SystemExit("--load-only needs --run")
+        load_only(Path(args.run), args.output)
         return
     if args.run is None:
         directory = Path(f"results/view_{args.num_requests}")
@@ -156,7 +225,9 @@ def main() -> None:
             cdp.send("Performance.enable")
 
             def sample(phase: str) -> None:
-                metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
+                metrics = {
+                    m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]
+                }
                 samples.append(
                     {
                         "phase": phase,
@@ -170,7 +241,9 @@ def main() -> None:
 
             t0 = time.perf_counter()
             page.goto(url)
-            page.wait_for_function("window.heddleView && window.heddleView.ready.all", timeout=120_000)
+            page.wait_for_function(
+                "window.heddleView && window.heddleView.ready.all", timeout=120_000
+            )
             first_draw = time.perf_counter() - t0
             sample("whole run")
             page.click("#btn-play")
@@ -193,7 +266,7 @@ def main() -> None:
         server.should_exit = True
         thread.join(30)
     summary = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine_line(),
         "run": str(run),
         "num_steps": meta["num_steps"],
         "num_requests": meta["num_requests"],

@@ -31,14 +31,17 @@ the dataclasses below (`events_since`, iteration), built when they read.
 Evictions are the one kind of event a busy pool makes on most steps, several times a step, so
 they are recorded flat: the KV pool appends each evicted block's id to `evicted_blocks` and the
 id of the request it went to, one entry per block, to `evicted_for` (no call into the log, no
-object per allocation). A step that evicted adds three numbers to one flat array (its step,
-its time, and where its span of those lists ends), inline in `end_step`, no object either: a
-kept tuple per step made the garbage collector run more often, and its full passes are what a
-long run pays. The order of evictions among the other events costs the eviction nothing: each
-of the rarer other events notes how many evictions came before it. The lists are a bounded
-detail ring of their own (`detail_capacity` blocks, the older half dropped when they hold twice
-that); an `Eviction` is built from them when it is read, and one whose detail has been dropped
-keeps its count and loses its block and request ids.
+object per allocation). Both are plain lists: a list append is the interpreter's specialised
+instruction, about 10 ns, where an `array` append parses its argument (about 30 ns for an int
+into 'q', 130 ns for an int into 'd'), and the ids are objects the pool holds anyway, so a list
+entry costs 8 bytes like an array's. A step that evicted adds three numbers to three typed
+arrays (its step, its time, and where its span of those lists ends), inline in `end_step`, no
+object either: a kept tuple per step made the garbage collector run more often, and its full
+passes are what a long run pays. The order of evictions among the other events costs the
+eviction nothing: each of the rarer other events notes how many evictions came before it.
+The lists are a bounded detail ring of their own (`detail_capacity` blocks, the older half
+dropped when they hold twice that); an `Eviction` is built from them when it is read, and
+one whose detail has been dropped keeps its count and loses its block and request ids.
 """
 
 from __future__ import annotations
@@ -225,6 +228,9 @@ class DecisionLog:
         self._adjust: dict[str, list[float]] = {}  # corrections of requests explained alone
         self._stops: list[int | None] = [None, None]  # this step's stop reason per queue
         self._last_stops: list[int | None] = [None, None]
+        # Whether `_stops` (this step's) or `_last_stops` hold a reason: one test per step when
+        # nothing stopped (most steps).
+        self._stop_set = self._last_set = False
         self._skipped: list[tuple[str, int, int]] = []  # (id, queue, reason) explained alone
         self.step_id = 0
         self.now = 0.0
@@ -232,18 +238,20 @@ class DecisionLog:
         self.num_preemptions = 0
         # The eviction detail: per evicted block, its id and the request it went to (appended
         # by the KV pool and cache manager); `_evicted_base` blocks were dropped before them.
-        self.evicted_blocks: array[int] = array("q")
+        self.evicted_blocks: list[int] = []
         self.evicted_for: list[str] = []
         self._evicted_base = 0
         self._evicted_logged = 0  # of the lists, the entries already in an eviction event
         # Eviction events, three numbers each: step, time, and the end of their span of the
         # detail (an absolute position; the span starts where the previous one ended, the
         # first held one at `_evictions_start`). `_evictions_base` events were dropped first.
-        self._eviction_rows: array[float] = array("d")
+        self._eviction_steps: array[int] = array("q")
+        self._eviction_times: array[float] = array("d")
+        self._eviction_ends: array[int] = array("q")
         self._evictions_base = 0
         self._evictions_start = 0
         # Past these lengths the older halves go (one comparison each per evicting step).
-        self._rows_limit = 3 * 2 * capacity
+        self._rows_limit = 2 * capacity
         self._detail_limit = 2 * self.detail_capacity
         self.cached_blocks_of: Callable[[Request], Sequence[int]] | None = None
         self._preempted: dict[str, _Waiting] = {}  # preempted, not yet back
@@ -254,7 +262,7 @@ class DecisionLog:
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return min(self.capacity, len(self._ring) + len(self._eviction_rows) // 3)
+        return min(self.capacity, len(self._ring) + len(self._eviction_steps))
 
     @property
     def num_events(self) -> int:
@@ -263,7 +271,7 @@ class DecisionLog:
 
     @property
     def _num_evictions(self) -> int:
-        return self._evictions_base + len(self._eviction_rows) // 3
+        return self._evictions_base + len(self._eviction_steps)
 
     @property
     def num_evicted_blocks(self) -> int:
@@ -279,7 +287,7 @@ class DecisionLog:
         ring, after = self._ring, self._ring_after
         raw = len(ring) - 1
         offset = len(after) - len(ring)  # the ring's entries in `after`
-        eviction = len(self._eviction_rows) // 3 - 1  # index into the held rows
+        eviction = len(self._eviction_steps) - 1  # index into the held rows
         base = self._evictions_base
         out: list[Event] = []
         for _ in range(count):  # newest first: a ring event after eviction e has after > e
@@ -294,13 +302,11 @@ class DecisionLog:
 
     def _eviction_span(self, index: int) -> tuple[int, int]:
         """The [start, end) of held eviction row `index` in the detail (absolute)."""
-        rows = self._eviction_rows
-        start = int(rows[3 * index - 1]) if index else self._evictions_start
-        return start, int(rows[3 * index + 2])
+        ends = self._eviction_ends
+        return (ends[index - 1] if index else self._evictions_start), ends[index]
 
     def _eviction(self, index: int) -> Eviction:
-        rows = self._eviction_rows
-        step, now = int(rows[3 * index]), rows[3 * index + 1]
+        step, now = self._eviction_steps[index], self._eviction_times[index]
         start, end = self._eviction_span(index)
         lo, hi = start - self._evicted_base, end - self._evicted_base
         if lo < 0:  # its detail fell off the detail ring
@@ -341,16 +347,33 @@ class DecisionLog:
         self.step_id = step_id
         self.now = now
         self._in_step = self._began = True
-        stops = self._stops
-        if stops[0] is not None or stops[1] is not None:
-            stops[0] = stops[1] = None
+        if self._stop_set:  # the last step (perhaps an empty one, never ended) stopped a loop
+            self._stops[0] = self._stops[1] = None
+            self._stop_set = False
         if self._skipped:
             self._skipped.clear()
 
     def opened(self, request: Request, reason: StallReason) -> None:
         """The accounting's `on_idle`: `request` is idle from now (it arrived, or was left out
         of this step, or preempted: the preemption itself is explained by `preempted`)."""
-        if request.request_id in self._open:
+        request_id = request.request_id
+        if request_id in self._open:
+            return
+        if not self._in_step and reason is StallReason.QUEUED:
+            # An arrival, between steps (most calls): `_start` inline; the next step is the
+            # first it could be in.
+            snapshot = self._snapshots[Queue.WAITING]
+            if snapshot is None:
+                snapshot = self._snapshots[Queue.WAITING] = tuple(self._charged[Queue.WAITING])
+            now = self.now
+            arrival = request.arrival_time
+            self._open[request_id] = (
+                Queue.WAITING,
+                snapshot,
+                self.step_id + 1 if self._began else self.step_id,
+                arrival if arrival > now else now,
+                request.request_class,
+            )
             return
         running = request.status is RequestStatus.RUNNING and reason is not StallReason.PREEMPTED
         queue = Queue.RUNNING if running else Queue.WAITING
@@ -364,8 +387,16 @@ class DecisionLog:
 
     def closed(self, request: Request) -> None:
         """The accounting's `on_busy`: `request` is in this step (or has finished)."""
-        if request.request_id in self._open:
+        entry = self._open.get(request.request_id)
+        # No counter moved since it opened and it was never explained on its own: no wait to
+        # explain (most requests at a load the engine keeps up with), `_close` without a call.
+        if entry is not None and (
+            entry[1] is not self._snapshots[entry[0]]
+            or (self._adjust and request.request_id in self._adjust)
+        ):
             self._close(request.request_id)
+        elif entry is not None:
+            del self._open[request.request_id]
 
     def stop_queue(self, queue: Queue, reason: StallReason) -> None:
         """The loop over `queue` stopped: every request it did not reach waits for `reason`.
@@ -373,6 +404,7 @@ class DecisionLog:
         A loop that stops twice keeps its first reason."""
         if self._stops[queue] is None:
             self._stops[queue] = _INDEX[reason]
+            self._stop_set = True
 
     def skip(self, request: Request, reason: StallReason) -> None:
         """The loop reached `request` and left it out of this step, for `reason`."""
@@ -434,19 +466,22 @@ class DecisionLog:
         a flat array (no object, no call into the log from the pool: a busy pool evicts on
         most steps). `end_step` does the same inline."""
         num_blocks = len(self.evicted_blocks)
-        self._eviction_rows.extend((self.step_id, self.now, self._evicted_base + num_blocks))
+        self._eviction_steps.append(self.step_id)
+        self._eviction_times.append(self.now)
+        self._eviction_ends.append(self._evicted_base + num_blocks)
         self._evicted_logged = num_blocks
-        if num_blocks > self._detail_limit or len(self._eviction_rows) > self._rows_limit:
+        if num_blocks > self._detail_limit or len(self._eviction_steps) > self._rows_limit:
             self._trim_evictions()
 
     def _trim_evictions(self) -> None:
         """Drop the older half of the eviction rows and of the detail once either holds twice
         what readers get."""
-        rows = self._eviction_rows
-        if len(rows) > self._rows_limit:  # readers get the last `capacity` events
+        if len(self._eviction_steps) > self._rows_limit:  # readers get the last `capacity`
             drop = self.capacity
-            self._evictions_start = int(rows[3 * drop - 1])
-            del rows[: 3 * drop]
+            self._evictions_start = self._eviction_ends[drop - 1]
+            del self._eviction_steps[:drop]
+            del self._eviction_times[:drop]
+            del self._eviction_ends[:drop]
             self._evictions_base += drop
         blocks = self.evicted_blocks
         if len(blocks) > self._detail_limit:
@@ -471,19 +506,16 @@ class DecisionLog:
         self._last_end = self.now + charged
         num_blocks = len(self.evicted_blocks)
         if num_blocks != self._evicted_logged:  # `_log_evictions`, inline: most steps evict
-            rows = self._eviction_rows
-            rows.append(self.step_id)  # three appends: cheaper than extend() with a tuple
-            rows.append(self.now)
-            rows.append(self._evicted_base + num_blocks)
+            steps = self._eviction_steps
+            steps.append(self.step_id)
+            self._eviction_times.append(self.now)
+            self._eviction_ends.append(self._evicted_base + num_blocks)
             self._evicted_logged = num_blocks
-            if num_blocks > self._detail_limit or len(rows) > self._rows_limit:
+            if num_blocks > self._detail_limit or len(steps) > self._rows_limit:
                 self._trim_evictions()
-        stops = self._stops
-        last = self._last_stops
         # Nothing stopped this step nor the last: no counter moves, no event (most steps).
-        if stops[0] is not None or stops[1] is not None or last[0] is not None or (
-            last[1] is not None
-        ):
+        if self._stop_set or self._last_set:
+            stops, last = self._stops, self._last_stops
             for queue in (0, 1):
                 stop = stops[queue]
                 if stop is not None:
@@ -493,8 +525,10 @@ class DecisionLog:
                     last[queue] = stop
                     value = None if stop is None else _VALUES[stop]
                     self._append((_STOP, self.step_id, self.now, _QUEUE_NAMES[queue], value))
+            self._last_set = last[0] is not None or last[1] is not None
         if not self._skipped:
             return
+        stops = self._stops
         for request_id, queue, index in self._skipped:
             if request_id not in self._open:
                 continue  # its wait ended in this step (it finished)
@@ -575,11 +609,11 @@ class DecisionLog:
             hits = [i for i in range(max(start, 0), len(blocks)) if blocks[i] in cached]
             if hits:
                 first = max(waited.evictions_from - self._evictions_base, 0)
-                rows = self._eviction_rows
+                steps_of = self._eviction_steps
                 spans = []
-                for j in range(first, len(rows) // 3):
+                for j in range(first, len(steps_of)):
                     lo, hi = self._eviction_span(j)
-                    spans.append((lo - base, hi - base, int(rows[3 * j])))
+                    spans.append((lo - base, hi - base, steps_of[j]))
                 spans.append((self._evicted_logged, len(blocks), self.step_id))
                 span = 0
                 for i in hits:

@@ -124,4 +124,3 @@ def _queue_key(request_class: str, lane: str) -> str:
     if lane in (DEFAULT_LANE, request_class):
         return request_class
     return f"{request_class}/{lane}"
-

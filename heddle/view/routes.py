@@ -1,16 +1,16 @@
 """The dashboard's HTTP routes, the same for a live server and for `heddle view`.
 
-    GET /dashboard                    the page (static HTML; its scripts are vendored, offline)
-    GET /dashboard/static/{name}      uPlot and the page's own script and style
-    GET /dashboard/api/meta           mode, title, step and request counts, classes, SLO
-    GET /dashboard/api/steps          ?start=&end=&max= : buckets of steps (see StepSeries.window)
-    GET /dashboard/api/latency        CDFs per class, goodput against the SLO
-    GET /dashboard/api/requests       ?sort=stall|e2e|ttft|preemptions|arrival&limit=
-    GET /dashboard/api/request/{id}   the drill-down: timeline, reasons, "why did it wait?"
-    GET /dashboard/api/markers        ?start=&end= : preemptions and evictions
-    GET /dashboard/api/pictures       the step-time and knee pictures' data
-    POST /dashboard/api/pictures      add a profile or sweep JSON to them
-    GET /dashboard/api/stream         Server-Sent Events: new steps and events, 2 per second
+GET /dashboard                    the page (static HTML; its scripts are vendored, offline)
+GET /dashboard/static/{name}      uPlot and the page's own script and style
+GET /dashboard/api/meta           mode, title, step and request counts, classes, SLO
+GET /dashboard/api/steps          ?start=&end=&max= : buckets of steps (see StepSeries.window)
+GET /dashboard/api/latency        CDFs per class, goodput against the SLO
+GET /dashboard/api/requests       ?sort=stall|e2e|ttft|preemptions|arrival&limit=
+GET /dashboard/api/request/{id}   the drill-down: timeline, reasons, "why did it wait?"
+GET /dashboard/api/markers        ?start=&end= : preemptions and evictions
+GET /dashboard/api/pictures       the step-time and knee pictures' data
+POST /dashboard/api/pictures      add a profile or sweep JSON to them
+GET /dashboard/api/stream         Server-Sent Events: new steps and events, 4 per second
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from heddle.server.errors import error_body
 from heddle.view.pictures import check_picture, pictures
 from heddle.view.store import ViewStore
 
-STREAM_INTERVAL_S = 0.5  # a message (and at most one redraw of the page) per 0.5 s: see VIEW.md
+STREAM_INTERVAL_S = 0.25  # a message (and at most one redraw of the page) per 0.25 s: VIEW.md
 STREAM_LIFETIME_S = 10.0
 STATIC_FILES = {
     "uPlot.iife.min.js": "text/javascript",
@@ -165,8 +165,11 @@ async def _events(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STREAM_LIFETIME_S
     quiet = 0
-    yield "retry: 500\n\n"
-    while loop.time() < deadline and (alive is None or alive()):
+    # The browser reconnects 0.1 s after a stream ends; the stream ends right after a message
+    # (not a period later), so the steps of a reconnect wait about one period as any others.
+    yield "retry: 100\n\n"
+    tick = loop.time()
+    while alive is None or alive():
         update = get_store().stream_since(seen_steps, seen_events)
         if update["rows"] or update["events"] or update["num_steps"] != seen_steps:
             seen_steps, seen_events = update["num_steps"], update["num_events"]
@@ -178,4 +181,8 @@ async def _events(
             if quiet * STREAM_INTERVAL_S >= 5:
                 yield ": idle\n\n"
                 quiet = 0
-        await asyncio.sleep(STREAM_INTERVAL_S)
+        if loop.time() >= deadline:
+            break
+        # A fixed cadence: the time to build and send a message is not added to the period.
+        tick += STREAM_INTERVAL_S
+        await asyncio.sleep(max(0.0, tick - loop.time()))

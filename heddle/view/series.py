@@ -13,7 +13,7 @@ numpy over the stored columns), so a page never holds more than that, however lo
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,15 +179,17 @@ class StepSeries:
             self._cols[name] = column
 
     # -- saving -----------------------------------------------------------------------------
+    @staticmethod
+    def _listed(name: str, column: array[float]) -> list[Any]:
+        """A column as a JSON list (rounded to what a plot can show); `name` or its group."""
+        a = np.frombuffer(column, dtype=np.float64)
+        if name in _INTEGER:
+            return a.astype(np.int64).tolist()
+        return _rounded(a, 7 if name in ("dur", "dur_max", "end", "t") else 3)
+
     def to_dict(self) -> dict[str, Any]:
         """Every column, as JSON lists (rounded to what a plot can show)."""
-
-        def listed(name: str, column: array[float]) -> list[Any]:
-            a = np.frombuffer(column, dtype=np.float64)
-            if name in _INTEGER:
-                return a.astype(np.int64).tolist()
-            return _rounded(a, 7 if name in ("dur", "dur_max", "end", "t") else 3)
-
+        listed = self._listed
         return {
             "num_steps": self.num_steps,
             "kv_total": self.kv_total,
@@ -197,6 +199,33 @@ class StepSeries:
                 for group, columns in self._groups.items()
             },
         }
+
+    def saved_columns(self) -> Iterator[tuple[str | None, str, list[Any]]]:
+        """(group or None, name, values) of every column, one at a time (a saved view writes
+        each on a line of its own, and `load_column` reads it back)."""
+        for name, column in self._cols.items():
+            yield None, name, self._listed(name, column)
+        for group, columns in self._groups.items():
+            for key, column in columns.items():
+                yield group, key, self._listed(group, column)
+
+    def load_column(self, group: str | None, name: str, values: list[Any]) -> None:
+        """One column of a saved series (`finish_loading` checks they fit together)."""
+        column = array("d", np.asarray(values, dtype=np.float64).tobytes())
+        if group is None:
+            if name not in self._cols:
+                raise ValueError(f"the saved step series has an unknown column {name!r}")
+            self._cols[name] = column
+        elif group in self._groups:
+            self._groups[group][str(name)] = column
+
+    def finish_loading(self, num_steps: int | None, kv_total: int) -> None:
+        size = len(self._cols["t"])
+        for name, column in self._all_columns():
+            if len(column) != size:
+                raise ValueError(f"the saved step column {name} has the wrong length")
+        self.num_steps = size if num_steps is None else int(num_steps)
+        self.kv_total = int(kv_total)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], capacity: int | None = None) -> StepSeries:

@@ -2,12 +2,14 @@
 
 One `ViewStore` serves both modes. Live, the engine thread appends (through the probe's sink)
 and the HTTP handlers read, under one lock; bounded containers keep a long-running server's
-memory flat. Replayed, it is filled once from a saved run and never changes.
+memory flat. Replayed, it is filled once from a saved run and never changes; its events and
+requests are held as columns (heddle/view/tables.py), not as dicts.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -20,6 +22,7 @@ from heddle.metrics.record import RequestRecord
 from heddle.metrics.summary import FAILED_REASONS, SLO
 from heddle.view.explain import explain_request
 from heddle.view.series import StepRow, StepSeries
+from heddle.view.tables import EventTable, RequestTable
 
 CDF_POINTS = 200
 
@@ -148,8 +151,13 @@ class ViewStore:
         self.origin = origin  # engine-clock time shown as 0
         self.info = dict(info or {})
         self.series = StepSeries(limits.step_rows)
-        self.events: deque[dict[str, Any]] = deque(maxlen=limits.events)
-        self.requests: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Live: bounded containers of dicts; a replay (no bound): compact columns.
+        self.events: deque[dict[str, Any]] | EventTable = (
+            EventTable() if limits.events is None else deque(maxlen=limits.events)
+        )
+        self.requests: OrderedDict[str, dict[str, Any]] | RequestTable = (
+            RequestTable() if limits.requests is None else OrderedDict()
+        )
         self.pictures: dict[str, Any] = {}
         self._recent: deque[tuple[int, list[Any], float]] = deque(maxlen=limits.recent_rows)
         self._recent_events: deque[tuple[int, dict[str, Any]]] = deque(maxlen=limits.recent_rows)
@@ -187,10 +195,12 @@ class ViewStore:
     def add_request_rows(self, rows: Iterable[dict[str, Any]]) -> None:
         bound = self.limits.requests
         with self._lock:
+            requests = self.requests
             for row in rows:
-                self.requests[row["id"]] = row
-                if bound is not None and len(self.requests) > bound:
-                    self.requests.popitem(last=False)
+                requests[row["id"]] = row
+                if bound is not None and len(requests) > bound:
+                    assert isinstance(requests, OrderedDict)
+                    requests.popitem(last=False)
 
     # -- reading (HTTP handlers) ------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
@@ -206,7 +216,7 @@ class ViewStore:
                 "end": series.end_time,
                 "kv_total": series.kv_total,
                 "keys": series.keys,
-                "classes": sorted({r["cls"] for r in self.requests.values()}),
+                "classes": self._classes(),
                 "slo": None if self.slo is None else {"ttft": self.slo.ttft, "tpot": self.slo.tpot},
                 "info": self.info,
                 "limits": {
@@ -215,6 +225,11 @@ class ViewStore:
                     "requests": self.limits.requests,
                 },
             }
+
+    def _classes(self) -> list[str]:
+        if isinstance(self.requests, RequestTable):
+            return self.requests.classes()
+        return sorted({r["cls"] for r in self.requests.values()})
 
     def steps(
         self, start: float | None = None, end: float | None = None, max_points: int = 1500
@@ -235,10 +250,13 @@ class ViewStore:
                 "num_events": self._num_events,
                 "num_requests": len(self.requests),
                 "dropped_steps": max(0, self.series.num_steps - seen_steps - len(rows)),
+                "sent": round(time.time(), 4),  # the page splits its lag by it (VIEW.md)
             }
 
     def latency(self) -> dict[str, Any]:
         """CDFs of TTFT, TPOT and E2E per class (and "all"), and goodput against the SLO."""
+        if isinstance(self.requests, RequestTable):
+            return _table_latency(self.requests, self.slo)
         with self._lock:
             rows = list(self.requests.values())
         classes: dict[str, list[dict[str, Any]]] = {"all": rows}
@@ -265,6 +283,10 @@ class ViewStore:
     def request_list(self, sort: str = "stall", limit: int = 50) -> list[dict[str, Any]]:
         if sort not in ("stall", "e2e", "ttft", "preemptions", "arrival"):
             raise ValueError(f"cannot sort requests by {sort!r}")
+        if isinstance(self.requests, RequestTable):  # what `key` below does, on the column
+            values = np.nan_to_num(self.requests.column(sort), nan=0.0)
+            order = np.argsort(values if sort == "arrival" else -values, kind="stable")
+            return self.requests.rows(order[:limit])
         with self._lock:
             rows = list(self.requests.values())
 
@@ -277,7 +299,10 @@ class ViewStore:
     def request(self, request_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self.requests.get(request_id)
-            events = [e for e in self.events if _names(e, request_id)]
+            if isinstance(self.events, EventTable):
+                events = self.events.naming(request_id)
+            else:
+                events = [e for e in self.events if _names(e, request_id)]
         if row is None:
             if not events:
                 return None
@@ -289,10 +314,60 @@ class ViewStore:
         lo = -np.inf if start is None else start
         hi = np.inf if end is None else end
         with self._lock:
+            if isinstance(self.events, EventTable):
+                return self.events.markers(lo, hi, limit)
             found = [
                 e for e in self.events if e["k"] in ("preempt", "evict") and lo <= e["t"] <= hi
             ]
         return found[-limit:]
+
+
+def _table_latency(table: RequestTable, slo: SLO | None) -> dict[str, Any]:
+    """`ViewStore.latency` over a replay's columns (the same answer, without a dict a row)."""
+    cls, cls_names = table.codes("cls")
+    reason, reason_names = table.codes("reason")
+    arrival, finish = table.column("arrival"), table.column("finish")
+    failed_codes = [i for i, name in enumerate(reason_names) if name in FAILED_REASONS]
+    completed = ~np.isnan(finish) & ~np.isin(reason, failed_codes)
+    span = 0.0
+    if (~np.isnan(arrival)).any() and (~np.isnan(finish)).any():
+        span = max(0.0, float(np.nanmax(finish) - np.nanmin(arrival)))
+    ttft, tpot = table.column("ttft"), table.column("tpot")
+    ttft_slo, tpot_slo = table.column("ttft_slo"), table.column("tpot_slo")
+    # _slo_applies and _meets_slo, per row: a row's own target first, then the run's.
+    global_ttft = np.nan if slo is None or slo.ttft is None else slo.ttft
+    global_tpot = np.nan if slo is None or slo.tpot is None else slo.tpot
+    ttft_target = np.where(np.isnan(ttft_slo), global_ttft, ttft_slo)
+    tpot_target = np.where(np.isnan(tpot_slo), global_tpot, tpot_slo)
+    applies = ~np.isnan(ttft_slo) | ~np.isnan(tpot_slo)
+    if slo is not None and (slo.ttft is not None or slo.tpot is not None):
+        applies = np.ones(len(table), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        misses = (~np.isnan(ttft_target) & (np.isnan(ttft) | (ttft > ttft_target))) | (
+            ~np.isnan(tpot_target) & ~np.isnan(tpot) & (tpot > tpot_target)
+        )
+    meets = completed & ~misses
+    out: dict[str, Any] = {"classes": {}, "span": span}
+    members_of = {"all": np.ones(len(table), dtype=bool)}
+    for code in dict.fromkeys(cls.tolist()):  # classes in order of first appearance
+        name = cls_names[code] if code >= 0 else None
+        if name is not None:
+            members_of[name] = cls == code
+    for name, members in members_of.items():
+        done = members & completed
+        entry: dict[str, Any] = {"num": int(members.sum()), "completed": int(done.sum())}
+        for metric in ("ttft", "tpot", "e2e"):
+            values = table.column(metric)[done]
+            entry[metric] = _cdf(np.sort(values[~np.isnan(values)]))
+        if applies[members].any():
+            met = int((meets & members).sum())
+            entry["slo_met"] = met
+            entry["attainment"] = met / int(done.sum()) if done.any() else None
+            entry["goodput"] = met / span if span else None
+        entry["throughput"] = int(done.sum()) / span if span else None
+        out["classes"][name] = entry
+    out["slo"] = None if slo is None else {"ttft": slo.ttft, "tpot": slo.tpot}
+    return out
 
 
 def _names(event: dict[str, Any], request_id: str) -> bool:

@@ -73,5 +73,3 @@ def screenshot(page: Any, name: str, panels: tuple[str, ...] = ()) -> Path:
     for panel in panels:
         page.locator(f"#panel-{panel}").screenshot(path=str(RESULTS / f"{name}-{panel}.png"))
     return path
-
-

@@ -176,9 +176,7 @@ def _wait_healthy(base_url: str, timeout: float) -> None:
     raise AssertionError(f"the server over the engine core was not healthy in time ({last})")
 
 
-def _send_load(
-    base_url: str, num_requests: int, concurrency: int, timeout: float = 120.0
-) -> None:
+def _send_load(base_url: str, num_requests: int, concurrency: int, timeout: float = 120.0) -> None:
     """`num_requests` streamed completions, `concurrency` at a time; bounded by `timeout`."""
     failures: list[str] = []
     lock = threading.Lock()

@@ -30,7 +30,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 def test_the_saved_view_holds_every_step_request_and_preemption(saved) -> None:
     run_json, result = saved
     with gzip.open(view_path_for(run_json), "rt") as f:
-        assert json.load(f)["format"] == FORMAT
+        assert json.loads(f.readline())["format"] == FORMAT  # JSON lines, a header first
     store = load_run(run_json)  # finds the .view.json.gz beside the run's JSON
     meta = store.meta()
     assert meta["num_steps"] == result.num_steps

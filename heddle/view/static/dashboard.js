@@ -8,19 +8,23 @@
   const MAX_POINTS = 1500; // buckets asked of the server for a window
   // Live, the page redraws at most this often: a redraw of every chart costs the browser CPU
   // that, on a small machine, the engine would otherwise have (its cost goes with the number
-  // of redraws, not the rows drawn). The stream sends a message every 0.5 s and each one is
-  // drawn when it comes: a step is on the page within about 0.5 s + one redraw (target 1 s).
-  const MIN_REDRAW_MS = 400;
+  // of redraws, not the rows drawn). The stream sends a message every 0.25 s and each one is
+  // drawn when it comes: a step is on the page within about 0.25 s + one redraw (target 1 s).
+  const MIN_REDRAW_MS = 200;
   const PALETTE = ["#2563eb", "#16a34a", "#db2777", "#ea580c", "#7c3aed", "#0891b2",
     "#ca8a04", "#4b5563", "#dc2626", "#65a30d"];
   const GROUPS = ["prefill", "decode", "running", "waiting", "kv_used"];
   const COLS = ["t", "n", "step_first", "step_last", "end", "dur", "dur_max", "batch",
     "batch_max", "kv_free", "kv_cached", "kv_parked", "preempted", "evicted"];
 
-  const stats = { stepsSeen: 0, stepsDrawn: 0, messages: 0, lags: [], maxLagMs: 0,
-    lastLagMs: null, draws: 0, errors: [] };
+  // lags: per redraw, the oldest newly drawn step's end on the engine to the page having drawn
+  // it; lagParts: that lag split into [waiting in the server's store for the next message,
+  // the message's way to the page, the page's wait and redraw] (ms).
+  const stats = { stepsSeen: 0, stepsDrawn: 0, messages: 0, lags: [], lagParts: [],
+    maxLagMs: 0, lastLagMs: null, draws: 0, errors: [] };
   const state = { meta: null, data: null, follow: true, playing: false, window: null,
     charts: {}, chartKeys: {}, colors: {}, cursor: { steps: 0, events: 0 }, pendingWall: null,
+    pendingSent: null, pendingReceived: null,
     renderQueued: false, source: null, selected: null, visible: {}, stale: new Set() };
   const ready = {};
   window.heddleView = { stats, state, ready };
@@ -101,7 +105,11 @@
       if (update.rows.length) {
         appendRows(update.rows);
         // The oldest step not drawn yet: its lag is the longest any step waits for the page.
-        if (state.pendingWall == null) state.pendingWall = update.walls[0];
+        if (state.pendingWall == null) {
+          state.pendingWall = update.walls[0];
+          state.pendingSent = update.sent;
+          state.pendingReceived = Date.now();
+        }
         queueRender();
       }
     };
@@ -132,11 +140,18 @@
       state.renderQueued = false;
       try { render(); } catch (e) { stats.errors.push(String(e)); throw e; }
       if (state.pendingWall != null) {
-        const lag = Date.now() - state.pendingWall * 1000;
+        const drawn = Date.now();
+        const lag = drawn - state.pendingWall * 1000;
         stats.lastLagMs = lag;
         stats.maxLagMs = Math.max(stats.maxLagMs, lag);
         stats.lags.push(lag);
-        if (stats.lags.length > 2000) stats.lags.shift();
+        if (state.pendingSent != null) {
+          const sent = state.pendingSent * 1000;
+          stats.lagParts.push([sent - state.pendingWall * 1000, state.pendingReceived - sent,
+            drawn - state.pendingReceived]);
+        }
+        if (stats.lags.length > 2000) { stats.lags.shift(); }
+        if (stats.lagParts.length > 2000) { stats.lagParts.shift(); }
         state.pendingWall = null;
         $("lag").textContent = `page ${Math.max(0, lag).toFixed(0)} ms behind the engine`;
       }
