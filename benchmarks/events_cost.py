@@ -25,6 +25,7 @@ import gc
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -143,11 +144,17 @@ def parallel_pair(num_requests: int, rate: float, seed: int, swap: bool) -> dict
             ),
         )
     out = {}
-    for arm, (cpu, proc) in procs.items():
-        stdout, _ = proc.communicate()
-        if proc.returncode:
-            raise SystemExit(f"the {arm} arm failed (exit {proc.returncode})")
-        out[arm] = {**json.loads(stdout.decode().strip().splitlines()[-1]), "cpu_id": cpu}
+    try:
+        for arm, (cpu, proc) in procs.items():
+            stdout, _ = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"the {arm} arm failed (exit {proc.returncode})")
+            out[arm] = {**json.loads(stdout.decode().strip().splitlines()[-1]), "cpu_id": cpu}
+    finally:
+        for _, proc in procs.values():  # stopped early (a timeout's SIGTERM): no arm left behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return out
 
 
@@ -235,6 +242,7 @@ def main() -> None:
         help="untimed: what the log records per step at each length (deterministic)",
     )
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop a pair's arms too
 
     from heddle.metrics import summarize
 

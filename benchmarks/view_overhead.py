@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +88,9 @@ def bench_round(base_url: str, args: argparse.Namespace, label: str, out: Path) 
         "--label", label,
         "--no-progress",
     ]  # fmt: skip
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"the bench client failed ({done.returncode}): {done.stderr[-2000:]}")
     data = json.loads((out / f"{label}.json").read_text())
     overall = data["summary"]["overall"]
     return {
@@ -113,6 +117,9 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
+    # A `timeout` that stops this script stops its server (and browser) too: SIGTERM unwinds.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -125,10 +132,12 @@ def main() -> None:
     parts: list[list[float]] = []
     try:
         wait_healthy(server, base_url)
+        print(f"server healthy ({time.strftime('%H:%M:%S')})", flush=True)
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             # Warm-up round (first-step compilation, allocator), not counted.
             bench_round(base_url, args, "warmup", Path(tmp))
+            print(f"warm-up round done ({time.strftime('%H:%M:%S')})", flush=True)
             for i in range(args.rounds):
                 for arm in ("closed", "open") if i % 2 == 0 else ("open", "closed"):
                     page = None

@@ -9,7 +9,12 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/tools/py}
-BUDGET=${BUDGET:-462}  # seconds for the whole script
+# Seconds for the whole script: until SLOT_END (UTC, e.g. 20:44:50) if given, else BUDGET.
+if [ -n "${SLOT_END:-}" ]; then
+    BUDGET=$(( $(date -u -d "$SLOT_END" +%s) - $(date -u +%s) ))
+fi
+BUDGET=${BUDGET:-462}
+echo "budget ${BUDGET} s"
 mkdir -p results
 start=$SECONDS
 date -u +"view_slot start %T"
