@@ -221,7 +221,11 @@ def main() -> None:
             for arm in ("closed", "open")
         },
         "rounds_detail": [{k: v for k, v in r.items() if k != "page_lags_ms"} for r in rounds],
+        "lags_ms": lags,
+        "lag_parts_all_ms": parts,
     }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
     print(
         f"{summary['machine']}\nmedian output throughput: closed {closed:.1f} tok/s, open "
         f"{opened:.1f} tok/s ({100 * summary['slowdown']:+.2f}% slower with the dashboard open); "
@@ -241,8 +245,6 @@ def main() -> None:
             for part in ("core", "front_end", "browser")
         )
     )
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
 
 
 if __name__ == "__main__":
