@@ -31,10 +31,10 @@ the dataclasses below (`events_since`, iteration), built when they read.
 Evictions are the one kind of event a busy pool makes on most steps, several times a step, so
 they are recorded flat: the KV pool appends each evicted block's id to `evicted_blocks` and the
 id of the request it went to, one entry per block, to `evicted_for` (no call into the log, no
-object per allocation). Both are plain lists: a list append is the interpreter's specialised
-instruction, about 10 ns, where an `array` append parses its argument (about 30 ns for an int
-into 'q', 130 ns for an int into 'd'), and the ids are objects the pool holds anyway, so a list
-entry costs 8 bytes like an array's. A step that evicted adds three numbers to three typed
+object per allocation). Both are plain lists: a list append is one specialised instruction of
+the interpreter, where an `array` append is a method call that parses its argument (an int into
+a 'd' array also goes through a float conversion); the ids are objects the pool holds anyway,
+so a list entry costs 8 bytes like an array's. A step that evicted adds three numbers to three typed
 arrays (its step, its time, and where its span of those lists ends), inline in `end_step`, no
 object either: a kept tuple per step made the garbage collector run more often, and its full
 passes are what a long run pays. The order of evictions among the other events costs the
