@@ -237,6 +237,11 @@ def main() -> None:
         "--parallel", action="store_true", help="run each pair's arms at once, one per CPU"
     )
     parser.add_argument(
+        "--one",
+        choices=("on", "off"),
+        help="run one arm once at the first --num-requests (for a profiler: py-spy record -- ...)",
+    )
+    parser.add_argument(
         "--counts",
         action="store_true",
         help="untimed: what the log records per step at each length (deterministic)",
@@ -264,6 +269,9 @@ def main() -> None:
         rate = args.load * summarize(saturated.records).overall.request_throughput
     machine = machine_line()
     print(f"{machine}; chat at {rate:.1f} req/s", flush=True)
+    if args.one is not None:
+        print(json.dumps(one_arm(args.num_requests[0], rate, args.seed, args.one)), flush=True)
+        return
     runs: list[dict[str, object]] = []
     summary = {"machine": machine, "rate": rate, "repeats": args.repeats, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
