@@ -45,7 +45,7 @@ from typing import Any
 from heddle.clock import VirtualClock
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig, SpeculativeConfig
 from heddle.engine.engine import Engine
-from heddle.hostinfo import cpuinfo
+from heddle.hostinfo import cpuinfo, machine_line
 from heddle.request import SamplingParams
 
 
@@ -263,11 +263,12 @@ def lookup_stats(prompts: list[list[int]], outputs: dict[str, list[int]], k: int
 
 
 def real_engine(args: argparse.Namespace) -> tuple[Any, Any, CacheConfig]:
+    from heddle.config import ModelConfig
     from heddle.model.executor import ModelExecutor
     from heddle.model.step_log import StepRecorder
 
     cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
-    model_executor = ModelExecutor(EngineConfig().model, cache)
+    model_executor = ModelExecutor(ModelConfig(batch_invariant=args.batch_invariant), cache)
     return model_executor, StepRecorder(model_executor), cache
 
 
@@ -301,6 +302,9 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     if args.verify_kernels == "both":
         configs.update(row_kernels)
     per_mode_mismatches: dict[str, int] = dict.fromkeys(configs, 0)
+    # streams -> mode -> [outputs that differ from off's first round, outputs compared]
+    mismatches_by_streams: dict[str, dict[str, list[int]]] = {}
+    skipped: dict[str, dict[str, int]] = {}  # streams -> mode -> steps adaptive looked nothing up
     # Untimed warm-up of every mode (kernels built, caches touched); its steps are not fitted.
     warm = real_prompts(tokenizer, args.workload, 2)
     for (name, spec), seats in itertools.product(configs.items(), (1, 2)):
@@ -338,12 +342,19 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
                     differ = sum(outputs[key] != reference[key] for key in reference)
                     mismatches += differ
                     per_mode_mismatches[name] += differ
+                    by_streams = mismatches_by_streams.setdefault(str(streams), {})
+                    counts = by_streams.setdefault(name, [0, 0])
+                    counts[0] += differ
+                    counts[1] += len(reference)
                 if name == f"fixed-k{args.k}" and repeat == 0:
                     per_request += run["per_request"]
                     offers += run["offers"]
                     proposals += run["proposals"]
                 run.pop("per_request")
                 runs[name].append(run)
+                if engine.scheduler.speculator is not None:
+                    skipped.setdefault(str(streams), {})[f"{name}#{repeat}"] = (
+                        engine.scheduler.speculator.num_steps_skipped)
                 print(f"  streams={streams} {name} #{repeat}: {run['tokens_per_second']:.1f} "
                       f"tok/s ({time.perf_counter() - started:.0f} s so far)", flush=True)
         off = [r["tokens_per_second"] for r in runs["off"]]
@@ -373,6 +384,8 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
             "output_len": args.output_len, "repeats": args.repeats,
             "greedy_mismatches": mismatches, "greedy_compared": compared,
             "greedy_mismatches_by_mode": per_mode_mismatches,
+            "greedy_mismatches_by_streams": mismatches_by_streams,
+            "batch_invariant": args.batch_invariant, "steps_skipped": skipped,
             "verify_kernels": args.verify_kernels,
             "lookup": lookup, "fitted": fitted, "lengths": lengths, "prompt_lens": prompt_lens,
             "vocab_size": model_executor.model_shape.vocab_size, "steps_log": steps_path,
@@ -460,6 +473,57 @@ def run_invariance(args: argparse.Namespace) -> dict[str, Any]:
             "rows": []}
 
 
+def run_kernels(args: argparse.Namespace) -> dict[str, Any]:
+    """Which linear kernels give a row the result it gets alone (a 1-row call), at each row
+    count of a call: per layer kind of the embedded model (decoder layer 3 and the LM head),
+    per path (the quantized kernel, the float path, the float path in 32-row calls as
+    ModelConfig.batch_invariant runs it), the rows of an M-row call of random bf16 inputs
+    whose outputs differ from their 1-row results in any bit; and how far the quantized and
+    float paths are apart on the same rows (what a kernel switch by row count changes). A
+    count, not a time: run it under `cpu`."""
+    import torch
+
+    from heddle.model.batch_invariant import RowTiledLinear
+    from heddle.model.linear_plan import DispatchLinear, kernel_name
+
+    model_executor, _, _ = real_engine(args)
+    model = model_executor.model
+    layer = model.layers[3]
+    kinds = {"qkv": layer.qkv_proj, "o": layer.o_proj, "gate_up": layer.gate_up_proj,
+             "down": layer.down_proj, "lm_head": model.lm_head}
+    torch.manual_seed(0)
+    most = max(args.rows)
+    out: list[dict[str, Any]] = []
+    for kind, linear in kinds.items():
+        paths: dict[str, Any] = {}
+        if isinstance(linear, DispatchLinear):
+            if linear.small is not None:
+                paths[kernel_name(linear)] = linear.small
+            if linear.large is not None:
+                paths["bf16"] = linear.large
+        else:
+            paths["bf16"] = linear
+        paths["bf16, 32-row calls"] = RowTiledLinear(linear)
+        x = torch.randn(most, linear.in_features).to(model_executor.dtype)
+        alone = {}
+        with torch.inference_mode():
+            for name, fn in paths.items():
+                alone[name] = torch.cat([fn(x[i : i + 1]) for i in range(most)])
+                differ = {m: int((fn(x[:m]) != alone[name][:m]).any(dim=1).sum())
+                          for m in args.rows}
+                out.append({"kind": kind, "path": name, "rows_differing": differ,
+                            "max_rows": getattr(linear, "max_rows", None)})
+                print(f"  {kind} {name}: {differ}", flush=True)
+        quantized = [n for n in paths if n in ("int4", "int8")]
+        if quantized:
+            a, b = alone[quantized[0]].float(), alone["bf16"].float()
+            out.append({"kind": kind, "path": f"{quantized[0]} vs bf16",
+                        "elements_differing": float((a != b).float().mean()),
+                        "max_abs_difference": float((a - b).abs().max())})
+    return {"mode": "kernels", "quantization": model_executor.quantization,
+            "threads": torch.get_num_threads(), "kernels": out, "rows": []}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     others = [m for m in modes if m != "off"]
@@ -489,7 +553,7 @@ def _ints(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=["sim", "real", "fit", "invariance"])
+    parser.add_argument("mode", choices=["sim", "real", "fit", "invariance", "kernels"])
     parser.add_argument("--streams", type=_ints, default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
     parser.add_argument("--requests", type=int, default=8, help="at least this many requests")
@@ -512,6 +576,11 @@ def main() -> None:
     parser.add_argument("--dispatch-rows", type=_ints, default=[],
                         help="fit: kernel-switch rows, for a result saved without them")
     parser.add_argument("--batch", type=int, default=16, help="invariance: prompts at once")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="real, invariance: the engine's batch-invariant linears "
+                        "(ModelConfig.batch_invariant)")
+    parser.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 80],
+                        help="kernels: the row counts of each call")
     parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
     parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
                         help="real: the streams of the simulator fitted to the run")
@@ -525,13 +594,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 8192 if args.mode == "sim" else 512
-    run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance}
+    run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance,
+           "kernels": run_kernels}
     result = run[args.mode](args)
     model, flags = cpuinfo()
+    result["machine"] = machine_line()
     summary = {k: v for k, v in result.items()
                if k not in ("rows", "sim_rows", "lengths", "lookup")}
     print(f"\n{args.mode}: {json.dumps(summary)}")
     print(f"host: {model}; {platform.machine()}; flags: {flags}")
+    print(f"machine: {result['machine']}")
     if result.get("lookup"):
         print(f"prompt lookup along the outputs: {json.dumps(result['lookup'])}")
     if result["rows"]:
@@ -544,7 +616,8 @@ def main() -> None:
         print(f"\nfixed K stops paying at {result['crossover_measured']} streams measured, "
               f"{result['crossover_simulated']} simulated")
     Path("results").mkdir(exist_ok=True)
-    name = {"sim": "sim", "invariance": f"invariance_{args.workload}"}.get(
+    name = {"sim": "sim", "invariance": f"invariance_{args.workload}{args.tag}",
+            "kernels": f"kernels{args.tag}"}.get(
         args.mode, f"real_{args.workload}{args.tag}")
     Path(f"results/speculation_{name}.json").write_text(json.dumps(result, indent=1))
 

@@ -25,6 +25,12 @@ class ModelConfig:
     retune_kernels: bool = field(default=False, metadata={"help": (
         "time auto's kernels again at load instead of using this machine's cached plan "
         "($HEDDLE_TUNING_CACHE, else ~/.cache/heddle/tuning)")})
+    # Every row computes what it would alone, whatever else is in the step (one linear kernel
+    # for every row count, 32 rows per call: heddle/model/batch_invariant.py): greedy outputs
+    # then do not depend on batching, with or without speculation; slower on CPU.
+    batch_invariant: bool = field(default=False, metadata={"help": (
+        "batch-invariant linears: a row's logits do not depend on what else is in the step, "
+        "so greedy outputs are the same at any batch, with or without speculation (slower)")})
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "bfloat16", "float32", "float16", "bf16", "fp32", "fp16"):

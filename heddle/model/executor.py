@@ -14,6 +14,7 @@ from heddle.config import CacheConfig, ModelConfig
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput, TokenLogprobs
 from heddle.errors import HeddleError
 from heddle.model.attention_metadata import build_attention_metadata
+from heddle.model.batch_invariant import make_batch_invariant
 from heddle.model.device import resolve_device, resolve_dtype
 from heddle.model.llama import LlamaForCausalLM
 from heddle.model.loader import load_model
@@ -68,6 +69,10 @@ class ModelExecutor:
                                           quantization=model_config.quantization,
                                           blocks=loaded.blocks, float_kinds=float_kinds)
             self.quantization = self.model.tune_linears(model_config.retune_kernels)
+        self.batch_invariant = model_config.batch_invariant
+        if self.batch_invariant:
+            make_batch_invariant(self.model)
+            self.quantization += ", batch-invariant"
         loaded.weights.clear()
         loaded.blocks.clear()
         self.model_shape = spec.shape(self.model_name, str(self.dtype).removeprefix("torch."))

@@ -88,9 +88,12 @@ class AcceptanceTracker:
 
 
 class StepCostTable:
-    """Step duration as a function of the tokens computed: a decayed mean per bucket of tokens
-    (four per doubling: a step with a few drafts is not in the bucket of the same step without
-    them), interpolated linearly in tokens between the buckets seen.
+    """Step duration as a function of the tokens computed: a decayed mean per bucket of tokens,
+    interpolated linearly in tokens between the buckets seen. A bucket is one token count up
+    to EXACT_TOKENS (a step's cost is a staircase there: the CPU's bf16 matmuls work in tiles
+    of 16 rows and quantization auto switches kernels at 4-8 rows, so 64 rows and 64 rows plus
+    6 drafts cost 76 vs 92 ms on the embedded model, docs/SPECULATION.md), four per doubling
+    above it.
 
     Beyond the largest bucket seen, cost grows in proportion to tokens (a step size never run
     is assumed compute-bound, so drafts are not added there on a guess); below the smallest,
@@ -155,8 +158,15 @@ class StepCostTable:
         return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
 
 
+# Steps of up to this many tokens have a bucket of their own (StepCostTable).
+EXACT_TOKENS = 128
+_EXACT_LOG = int(4.0 * math.log2(EXACT_TOKENS))
+
+
 def _bucket(num_tokens: int) -> int:
-    return int(4.0 * math.log2(num_tokens))
+    if num_tokens <= EXACT_TOKENS:
+        return num_tokens
+    return EXACT_TOKENS + int(4.0 * math.log2(num_tokens)) - _EXACT_LOG
 
 
 @dataclass(slots=True)
@@ -217,3 +227,33 @@ def choose_draft_counts(
         if j < candidate.max_drafts:
             heapq.heappush(heap, (negative * candidate.rate, index, j + 1))
     return dict(order[:best_len])  # a request's later j overwrites its earlier ones
+
+
+def may_pay(
+    base_tokens: int,
+    base_value: float,
+    best_draft_value: float,
+    max_drafts: int,
+    cost: StepCostTable,
+    min_gain: float = MIN_GAIN,
+) -> bool:
+    """Whether any set of at most `max_drafts` drafts, none worth more than
+    `best_draft_value` tokens, could beat the step without them by `min_gain` (what
+    `choose_draft_counts` asks of the prefix it takes): an upper bound, decided before any
+    proposal is looked up. L drafts are worth at most L * best_draft_value; the step cost is
+    linear in tokens between the table's points (and in proportion beyond the last), so
+    (value + L * best) / cost(tokens + L) is monotone on each piece and its largest value is
+    at a piece's end: L = 1, L = max_drafts, or a point of the table in between."""
+    if max_drafts <= 0 or best_draft_value <= 0 or not cost.has(base_tokens):
+        return False
+    tokens = max(1, base_tokens)
+    threshold = base_value / cost.cost(tokens) * (1.0 + min_gain)
+    ends = {1, max_drafts}
+    for x, _ in cost.points():
+        if tokens < x < tokens + max_drafts:
+            ends.add(math.floor(x - tokens))
+            ends.add(math.ceil(x - tokens))
+    return any(
+        (base_value + n * best_draft_value) / cost.cost(tokens + n) > threshold
+        for n in ends if 1 <= n <= max_drafts
+    )

@@ -34,6 +34,7 @@ from heddle.spec.adaptive import (
     DraftCandidate,
     StepCostTable,
     choose_draft_counts,
+    may_pay,
 )
 from heddle.spec.ngram import NgramProposer
 from heddle.spec.sim import _mix64
@@ -92,6 +93,8 @@ class Speculator:
         self.num_steps_with_drafts = 0
         self.num_offers = 0  # decoding requests asked for a proposal
         self.num_proposals = 0  # ... that got one
+        # Steps whose candidates were not looked up at all: no drafts could pay (adaptive).
+        self.num_steps_skipped = 0
 
     def plan(
         self, candidates: Sequence[Request], base_tokens: int, token_budget: int
@@ -104,8 +107,8 @@ class Speculator:
         if token_budget <= 0:
             return {}
         k_max = self.config.num_draft_tokens
-        proposals: dict[str, list[int]] = {}
-        offers: list[DraftCandidate] = []
+        adaptive = self.config.adaptive
+        eligible: list[tuple[Request, int, float]] = []  # (request, most drafts, weight)
         for request in candidates:
             params = request.sampling_params
             if params.seed is not None or params.logprobs is not None:
@@ -117,24 +120,46 @@ class Speculator:
             room = min(k_max, request.max_num_tokens - len(request.all_token_ids) - 1)
             if room <= 0:
                 continue
+            eligible.append((request, room, 2.0 if request.tpot_slo is not None else 1.0))
+        if not eligible:
+            return {}
+        rates = self.acceptance.rate
+        if adaptive:
+            # Before any lookup: could any drafts pay in this step, at their best? (None when
+            # the step's size was never seen, or its cost table says verified tokens cost
+            # more than they save: a big batch.) Then the step is exactly the step without
+            # speculation, at the cost of this check alone.
+            # First a bound from the best rate alone, then the greedy itself on every
+            # eligible request as if each had a full proposal (a proposal is only ever
+            # shorter: more drafts on offer never lower the best prefix's value).
+            offered = [
+                DraftCandidate(r.request_id, rates(r.request_id), room, weight)
+                for r, room, weight in eligible
+            ]
+            best = max(c.rate * c.weight for c in offered)
+            most = min(token_budget, sum(c.max_drafts for c in offered))
+            if not may_pay(base_tokens, float(base_tokens), best, most, self.costs) or not (
+                choose_draft_counts(
+                    offered, base_tokens, float(base_tokens), self.costs, token_budget
+                )
+            ):
+                self.num_steps_skipped += 1
+                return {}
+        proposals: dict[str, list[int]] = {}
+        offers: list[DraftCandidate] = []
+        for request, room, weight in eligible:
             drafts = self.proposer.propose(request.request_id, request.all_token_ids, room)
             self.num_offers += 1
             if not drafts:
                 continue
             self.num_proposals += 1
             proposals[request.request_id] = drafts
-            weight = 2.0 if request.tpot_slo is not None else 1.0
             offers.append(
-                DraftCandidate(
-                    request.request_id,
-                    self.acceptance.rate(request.request_id),
-                    len(drafts),
-                    weight,
-                )
+                DraftCandidate(request.request_id, rates(request.request_id), len(drafts), weight)
             )
         if not offers:
             return {}
-        if self.config.adaptive:
+        if adaptive:
             counts = choose_draft_counts(
                 offers, base_tokens, float(base_tokens), self.costs, token_budget
             )

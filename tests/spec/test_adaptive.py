@@ -7,10 +7,12 @@ import math
 import pytest
 
 from heddle.spec.adaptive import (
+    EXACT_TOKENS,
     AcceptanceTracker,
     DraftCandidate,
     StepCostTable,
     choose_draft_counts,
+    may_pay,
 )
 
 
@@ -51,14 +53,57 @@ def test_cost_table_interpolates_and_extrapolates_pessimistically():
     table = StepCostTable(decay=1.0)
     assert not table.known and math.isnan(table.cost(4))
     table.observe(10, 1.0)
-    table.observe(11, 1.2)  # the same bucket (four per doubling): means 10.5 tokens, 1.1 s
+    table.observe(10, 1.2)  # one bucket per token count up to EXACT_TOKENS: mean 1.1 s
     table.observe(40, 2.0)
     table.observe(40, 0.5)  # a noisy fast step: the mean, 1.25, still >= the smaller bucket
-    assert table.cost(10.5) == pytest.approx(1.1)
+    assert table.cost(10) == pytest.approx(1.1)
     assert table.cost(1) == pytest.approx(1.1)  # below what was seen: the smallest bucket
-    assert table.cost(25.5) == pytest.approx(1.1 + 0.15 * 15 / 29.5)
+    assert table.cost(25) == pytest.approx(1.1 + 0.15 * 15 / 30)
     assert table.cost(80) == pytest.approx(1.25 * 2)  # beyond: in proportion to tokens
-    assert table.has(10) and not table.has(12) and not table.has(80)
+    assert table.has(10) and not table.has(11) and not table.has(80)
+    # Above EXACT_TOKENS, four buckets per doubling.
+    table.observe(EXACT_TOKENS * 2, 3.0)
+    table.observe(EXACT_TOKENS * 2 + 10, 3.2)
+    assert table.has(EXACT_TOKENS * 2 + 5) and not table.has(EXACT_TOKENS * 4)
+    assert table.cost(EXACT_TOKENS * 2 + 5) == pytest.approx(3.1)
+
+
+def test_cost_table_sees_a_step_of_a_few_tokens():
+    """The staircase measured on the embedded model (docs/SPECULATION.md): 64 rows 76 ms,
+    64 rows + 6 drafts 92 ms (a new tile of the bf16 matmuls). With four buckets per doubling
+    the two shared one bucket, and drafts at 64 rows looked nearly free."""
+    table = StepCostTable(decay=1.0)
+    for _ in range(10):
+        table.observe(64, 0.076)
+    table.observe(70, 0.092)
+    assert table.cost(64) == pytest.approx(0.076) and table.cost(70) == pytest.approx(0.092)
+    assert table.cost(67) == pytest.approx(0.084)
+    # 64 requests accepting 0.7 of their drafts: 6 drafts are worth 4.2 tokens (+6.6%) on a
+    # step 21% dearer, and none of a larger number pays either.
+    many = [DraftCandidate(f"r{i}", rate=0.7, max_drafts=4) for i in range(64)]
+    assert choose_draft_counts(many, 64, 64.0, table, 6) == {}
+    assert not may_pay(64, 64.0, 0.7, 6, table)
+
+
+def test_may_pay_bounds_the_greedy_from_above():
+    """may_pay says no only where choose_draft_counts would take nothing, for any proposals
+    no better than the bound's best draft."""
+    tables = [flat_then_linear(knee=k) for k in (1, 8, 64)]
+    stair = StepCostTable(decay=1.0)
+    for tokens, seconds in ((1, 1.0), (2, 1.8), (3, 1.85), (5, 1.9), (16, 2.0), (17, 3.5)):
+        stair.observe(tokens, seconds)
+    tables.append(stair)
+    for table in tables:
+        for base in (1, 4, 16, 64):
+            for rate in (0.1, 0.5, 0.9):
+                for budget in (1, 4, 64):
+                    cands = [DraftCandidate(f"r{i}", rate, 4) for i in range(base)]
+                    chosen = choose_draft_counts(cands, base, float(base), table, budget)
+                    if not may_pay(base, float(base), rate, min(budget, 4 * base), table):
+                        assert chosen == {}, (base, rate, budget)
+    assert not may_pay(4, 4.0, 0.8, 16, StepCostTable())  # nothing seen: nothing pays
+    assert may_pay(4, 4.0, 0.8, 16, flat_then_linear(knee=64))
+    assert not may_pay(256, 256.0, 0.8, 1000, flat_then_linear(knee=1))
 
 
 def test_memory_bound_step_speculates_fully_and_compute_bound_step_not_at_all():

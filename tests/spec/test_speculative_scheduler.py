@@ -140,3 +140,45 @@ def test_simulated_proposals_come_at_the_proposal_rate():
     speculator = Speculator(SpeculativeConfig(method="sim", proposal_rate=0.0, adaptive=False))
     assert speculator.plan([request("a", [1, 2, 3])], 1, 64) == {}
     assert (speculator.num_offers, speculator.num_proposals) == (1, 0)
+
+
+class CountingProposer:
+    """Prompt lookup's stand-in: two drafts for everyone, calls counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, request_id, token_ids, k):
+        self.calls += 1
+        return [token_ids[-1]] * min(k, 2)
+
+    def forget(self, request_ids):
+        pass
+
+
+def test_adaptive_looks_nothing_up_where_no_draft_can_pay():
+    """Adaptive K decides from the cost table whether any draft could pay at this step's size
+    before any proposal is looked up: a step that cannot speculate costs no lookups."""
+    from heddle.spec.speculator import Speculator
+
+    proposer = CountingProposer()
+    spec = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), proposer)
+    requests = [request(f"r{i}", [1, 2, 3, 4]) for i in range(8)]
+    # No step of 8 tokens seen yet: it runs without drafts, and nothing is looked up.
+    assert spec.plan(requests, 8, 100) == {}
+    assert proposer.calls == 0 and spec.num_steps_skipped == 1
+    # Compute-bound: every token costs its share of the step; no draft at 0.5 pays.
+    for tokens in (1, 8, 16, 64):
+        spec.observe_step(tokens, 0.01 * tokens)
+    assert spec.plan(requests, 8, 100) == {}
+    assert proposer.calls == 0 and spec.num_steps_skipped == 2
+    # Memory-bound: the same steps all cost the same. Every request is offered drafts.
+    flat = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4), proposer)
+    for tokens in (1, 8, 16, 64):
+        flat.observe_step(tokens, 0.01)
+    drafts = flat.plan(requests, 8, 100)
+    assert proposer.calls == 8 and len(drafts) == 8 and flat.num_steps_skipped == 0
+    # Fixed K always looks up.
+    fixed = Speculator(SpeculativeConfig(method="ngram", num_draft_tokens=4, adaptive=False),
+                       proposer)
+    assert len(fixed.plan(requests, 8, 100)) == 8 and proposer.calls == 16

@@ -1,0 +1,143 @@
+"""Greedy speculation in batches: with batch-invariant linears every row computes what it would
+alone, so a request's logits do not depend on its batch (decode rows, verify rows, other
+requests), and greedy outputs with speculation are those without it at any batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from heddle.config import CacheConfig, ModelConfig, SpeculativeConfig
+from heddle.model.batch_invariant import ROW_TILE, RowTiledLinear
+from heddle.model.executor import ModelExecutor, _RequestState, _Row
+from heddle.model.layers import Linear
+from heddle.request import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+PROMPTS = [
+    [1, 504, 3458, 282, 1789, 28, 940, 2329, 30, 422, 7144, 253, 1790, 30, 504, 3458],
+    [1, 2329, 30, 422, 7144, 253, 1790, 30, 504, 3458, 282, 1789, 28, 940],
+    [1, 940, 2329, 30, 504, 3458, 282, 1789, 28, 422, 7144],
+    [1, 7144, 253, 1790, 30, 504, 3458, 282, 1789, 28, 940, 2329, 30, 422, 7144, 253, 17, 9],
+    [1, 1789, 28, 940, 2329, 30, 422, 7144, 253, 1790],
+    [1, 3458, 282, 1789, 28, 940, 2329, 30, 422, 7144, 253, 1790, 30, 504, 3458, 282, 1789],
+]
+
+
+def test_row_tiled_linear_gives_each_row_its_result_alone():
+    torch.manual_seed(0)
+    weight = torch.randn(96, 64).to(torch.bfloat16)
+    bias = torch.randn(96).to(torch.bfloat16)
+    tiled = RowTiledLinear(Linear(weight, bias))
+    x = torch.randn(2 * ROW_TILE + 7, 64).to(torch.bfloat16)
+    alone = torch.cat([tiled(x[i : i + 1]) for i in range(x.shape[0])])
+    assert torch.equal(tiled(x), alone)
+    assert torch.allclose(tiled(x).float(), (x.float() @ weight.float().T + bias.float()),
+                          atol=0.5, rtol=0.02)
+    with pytest.raises(ValueError):
+        RowTiledLinear(Linear(weight), tile=0)
+
+
+@pytest.fixture(scope="module")
+def invariant_executor() -> ModelExecutor:
+    """The embedded model as it runs by default (quantization auto, bf16 on this CPU), with
+    batch-invariant linears."""
+    return ModelExecutor(ModelConfig(batch_invariant=True),
+                         CacheConfig(block_size=16, num_blocks=64))
+
+
+def _prefilled(executor: ModelExecutor) -> list[_RequestState]:
+    """Each prompt prefilled alone (block tables of 4 blocks each), its last token unknown to
+    the cache."""
+    states = []
+    for i, prompt in enumerate(PROMPTS):
+        state = _RequestState(list(prompt), len(prompt), list(range(4 * i, 4 * i + 4)), GREEDY,
+                              None)
+        with torch.inference_mode():
+            executor._forward([_Row(f"r{i}", prompt[:-1], 0, False, state)])
+        states.append(state)
+    return states
+
+
+def _logits_of(executor: ModelExecutor, rows: list[_Row], request_id: str) -> torch.Tensor:
+    with torch.inference_mode():
+        ordered, logits = executor._forward(rows)
+    offset = 0
+    for r in ordered:
+        n = r.num_drafts + 1
+        if r.request_id == request_id:
+            return logits[offset : offset + n]
+        offset += n
+    raise AssertionError(f"{request_id} was not laid out")
+
+
+def test_a_rows_logits_do_not_depend_on_its_batch(invariant_executor):
+    """Request 0's logits at its next position (and at the four after it, fed its own greedy
+    tokens): alone, in a decode step with five other requests, and as a verify row among
+    other verify rows (40 rows: more than one tile) are bit for bit the same."""
+    executor = invariant_executor
+    states = _prefilled(executor)
+    start = [len(p) - 1 for p in PROMPTS]
+
+    def decode(i: int) -> _Row:
+        return _Row(f"r{i}", [PROMPTS[i][-1]], start[i], True, states[i])
+
+    alone = _logits_of(executor, [decode(0)], "r0")
+    batched = _logits_of(executor, [decode(i) for i in range(6)], "r0")
+    assert torch.equal(alone, batched)
+    # Its own greedy continuation, one decode step at a time (alone).
+    tokens = [PROMPTS[0][-1]]
+    sequential = [alone[0]]
+    for j in range(4):
+        tokens.append(int(sequential[-1].argmax()))
+        row = _Row("r0", [tokens[-1]], start[0] + j + 1, True, states[0])
+        sequential.append(_logits_of(executor, [row], "r0")[0])
+    # As a verify row of 4 drafts beside five verify rows of 4 drafts each and 10 decodes of
+    # the others again: 6 * 5 + ... rows; every row of request 0 matches its decode alone.
+    verify_rows = [_Row("r0", list(tokens), start[0], True, states[0], 4)]
+    for i in range(1, 6):
+        drafts = [PROMPTS[i][k] for k in range(4)]
+        verify_rows.append(_Row(f"r{i}", [PROMPTS[i][-1], *drafts], start[i], True, states[i],
+                                4))
+    verified = _logits_of(executor, verify_rows, "r0")
+    assert torch.equal(verified, torch.stack(sequential))
+
+
+def _generate(executor: ModelExecutor, speculation: SpeculativeConfig, seats: int,
+              prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], object]:
+    from heddle.engine.engine import Engine
+    from heddle.engine.llm import build_config
+
+    config = build_config(max_num_seqs=seats, block_size=16, num_blocks=executor.num_blocks,
+                          speculation=speculation)
+    engine = Engine(config, executor, num_blocks=executor.num_blocks,
+                    tokenizer=executor.tokenizer, eos_token_id=executor.eos_token_id,
+                    max_model_len=executor.max_model_len,
+                    vocab_size=executor.model_shape.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks  # no KV left behind
+    return [outputs[str(i)] for i in range(len(prompts))], engine
+
+
+def test_batched_greedy_speculation_is_exact(invariant_executor):
+    """Six requests at four seats (so requests join while others decode), greedy, 24 tokens:
+    prompt lookup with fixed K (and adaptive K) gives the outputs of the run without
+    speculation, and of each request run alone."""
+    executor = invariant_executor
+    prompts = [p * 2 for p in PROMPTS]  # repeats: prompt lookup finds drafts
+    off, _ = _generate(executor, SpeculativeConfig(method="off"), 4, prompts, 24)
+    fixed, engine = _generate(
+        executor, SpeculativeConfig(method="ngram", num_draft_tokens=4, adaptive=False), 4,
+        prompts, 24)
+    spec = engine.scheduler.speculator
+    assert spec is not None and spec.acceptance.num_drafted > 20
+    assert fixed == off
+    alone, _ = _generate(executor, SpeculativeConfig(method="off"), 1, prompts[:2], 24)
+    assert alone == off[:2]
