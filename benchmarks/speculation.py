@@ -473,6 +473,76 @@ def run_invariance(args: argparse.Namespace) -> dict[str, Any]:
             "rows": []}
 
 
+def run_invariant_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """What batch-invariant linears cost: the same closed loops on two executors of the
+    embedded model, the default one and one with ModelConfig.batch_invariant, interleaved
+    (default, invariant, default, ...), speculation off and adaptive; tokens/s medians and
+    the median of the ratios paired within each round; and whether the invariant runs'
+    outputs match each other (adaptive vs off) and the default's."""
+    from heddle.config import ModelConfig
+    from heddle.model.executor import ModelExecutor
+
+    cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
+    executors = {"default": ModelExecutor(ModelConfig(), cache),
+                 "invariant": ModelExecutor(ModelConfig(batch_invariant=True), cache)}
+    tokenizer = executors["default"].tokenizer
+    assert tokenizer is not None
+    configs = speculation_configs("ngram", args.k)
+    modes = {"off": configs["off"], "adaptive": configs["adaptive"]}
+    warm = real_prompts(tokenizer, args.workload, 2)
+    for executor in executors.values():
+        for spec in modes.values():
+            engine = make_engine(executor, executor, cache, args.budget, 2, spec)
+            closed_loop(engine, warm, SamplingParams(temperature=0.0,
+                                                     max_tokens=args.warmup_tokens), 2,
+                        time.perf_counter, prefix="warm-")
+    rows: list[dict[str, Any]] = []
+    for streams in args.streams:
+        num = max(args.requests, args.per_stream * streams)
+        prompts = real_prompts(tokenizer, args.workload, num)
+        params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
+        runs: dict[str, list[float]] = {}
+        outputs: dict[str, dict[str, list[int]]] = {}
+        for repeat in range(args.repeats):
+            for mode, spec in modes.items():
+                for name, executor in executors.items():
+                    engine = make_engine(executor, executor, cache, args.budget, streams, spec)
+                    run = closed_loop(engine, prompts, params, streams, time.perf_counter,
+                                      prefix=f"{streams}-{name}-{mode}-{repeat}-")
+                    runs.setdefault(f"{name}/{mode}", []).append(run["tokens_per_second"])
+                    outputs.setdefault(f"{name}/{mode}", run["outputs"])
+                    print(f"  streams={streams} {name}/{mode} #{repeat}: "
+                          f"{run['tokens_per_second']:.1f} tok/s", flush=True)
+
+        def differ(a: str, b: str, outputs: dict[str, dict[str, list[int]]] = outputs) -> int:
+            return sum(outputs[a][key] != outputs[b][key] for key in outputs[a])
+
+        base = runs["default/off"]
+        rows.append({
+            "streams": streams,
+            "tokens_per_second": {k: statistics.median(v) for k, v in runs.items()},
+            "ratio_to_default_off": {k: statistics.median(x / o for x, o in zip(v, base,
+                                                                                strict=True))
+                                     for k, v in runs.items()},
+            "invariant_over_default": {
+                mode: statistics.median(i / d for i, d in zip(
+                    runs[f"invariant/{mode}"], runs[f"default/{mode}"], strict=True))
+                for mode in modes},
+            "adaptive_over_off": {
+                name: statistics.median(a / o for a, o in zip(
+                    runs[f"{name}/adaptive"], runs[f"{name}/off"], strict=True))
+                for name in executors},
+            "outputs": len(prompts),
+            "differ_adaptive_vs_off": {name: differ(f"{name}/adaptive", f"{name}/off")
+                                       for name in executors},
+            "differ_invariant_vs_default_off": differ("invariant/off", "default/off"),
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return {"mode": "invariant-cost", "workload": args.workload, "repeats": args.repeats,
+            "output_len": args.output_len, "cost_rows": rows, "rows": [],
+            "quantization": executors["default"].quantization}
+
+
 def run_kernels(args: argparse.Namespace) -> dict[str, Any]:
     """Which linear kernels give a row the result it gets alone (a 1-row call), at each row
     count of a call: per layer kind of the embedded model (decoder layer 3 and the LM head),
@@ -553,7 +623,8 @@ def _ints(text: str) -> list[int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("mode", choices=["sim", "real", "fit", "invariance", "kernels"])
+    parser.add_argument("mode", choices=["sim", "real", "fit", "invariance", "kernels",
+                                         "invariant-cost"])
     parser.add_argument("--streams", type=_ints, default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
     parser.add_argument("--requests", type=int, default=8, help="at least this many requests")
@@ -595,7 +666,7 @@ def main() -> None:
     if args.budget is None:
         args.budget = 8192 if args.mode == "sim" else 512
     run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance,
-           "kernels": run_kernels}
+           "kernels": run_kernels, "invariant-cost": run_invariant_cost}
     result = run[args.mode](args)
     model, flags = cpuinfo()
     result["machine"] = machine_line()
@@ -617,7 +688,8 @@ def main() -> None:
               f"{result['crossover_simulated']} simulated")
     Path("results").mkdir(exist_ok=True)
     name = {"sim": "sim", "invariance": f"invariance_{args.workload}{args.tag}",
-            "kernels": f"kernels{args.tag}"}.get(
+            "kernels": f"kernels{args.tag}",
+            "invariant-cost": f"invariant_cost_{args.workload}{args.tag}"}.get(
         args.mode, f"real_{args.workload}{args.tag}")
     Path(f"results/speculation_{name}.json").write_text(json.dumps(result, indent=1))
 

@@ -126,10 +126,11 @@ def _generate(executor: ModelExecutor, speculation: SpeculativeConfig, seats: in
     return [outputs[str(i)] for i in range(len(prompts))], engine
 
 
+@pytest.mark.slow
 def test_batched_greedy_speculation_is_exact(invariant_executor):
     """Six requests at four seats (so requests join while others decode), greedy, 24 tokens:
-    prompt lookup with fixed K (and adaptive K) gives the outputs of the run without
-    speculation, and of each request run alone."""
+    prompt lookup with fixed K gives the outputs of the run without speculation, and those
+    are each request's outputs alone. No KV is left behind."""
     executor = invariant_executor
     prompts = [p * 2 for p in PROMPTS]  # repeats: prompt lookup finds drafts
     off, _ = _generate(executor, SpeculativeConfig(method="off"), 4, prompts, 24)
@@ -139,5 +140,7 @@ def test_batched_greedy_speculation_is_exact(invariant_executor):
     spec = engine.scheduler.speculator
     assert spec is not None and spec.acceptance.num_drafted > 20
     assert fixed == off
-    alone, _ = _generate(executor, SpeculativeConfig(method="off"), 1, prompts[:2], 24)
-    assert alone == off[:2]
+    # Each request alone: on the default path (int4 kernels at a few rows, bf16 above) one of
+    # the six differs here from its batched run (1 torch thread, this machine).
+    alone, _ = _generate(executor, SpeculativeConfig(method="off"), 1, prompts, 24)
+    assert alone == off
