@@ -318,7 +318,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
     for streams in args.streams:
         num = max(args.requests, args.per_stream * streams)
         prompts = real_prompts(tokenizer, args.workload, num)
-        params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
+        params = output_params(args, num)
         reference: dict[str, list[int]] | None = None
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
         # Interleaved: off, fixed, adaptive, off, fixed, ... so that the machine's drift over
@@ -381,7 +381,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"mode": "real", "workload": args.workload, "k": args.k, "rows": rows,
             "dispatch_rows": list(dispatch_rows(model_executor)),
-            "output_len": args.output_len, "repeats": args.repeats,
+            "output_len": args.output_len, "vary_len": args.vary_len, "repeats": args.repeats,
             "greedy_mismatches": mismatches, "greedy_compared": compared,
             "greedy_mismatches_by_mode": per_mode_mismatches,
             "greedy_mismatches_by_streams": mismatches_by_streams,
@@ -392,6 +392,18 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
             "quantization": model_executor.quantization,
             "crossover_measured": crossover(rows, f"fixed-k{args.k}"),
             "wall_seconds": time.perf_counter() - started}
+
+
+def output_params(args: argparse.Namespace, num: int) -> SamplingParams | list[SamplingParams]:
+    """Greedy, `--output-len` tokens each; with `--vary-len LOW,HIGH` each request's
+    max_tokens drawn uniformly in LOW..HIGH (seeded by its index: the same in every mode), so
+    that requests do not all start and finish together (a steady state, not waves)."""
+    if args.vary_len is None:
+        return SamplingParams(temperature=0.0, max_tokens=args.output_len)
+    low, high = args.vary_len
+    return [SamplingParams(temperature=0.0,
+                           max_tokens=low + (i * 2654435761 >> 7) % (high - low + 1))
+            for i in range(num)]
 
 
 def run_fit(args: argparse.Namespace) -> dict[str, Any]:
@@ -423,9 +435,14 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
         num = max(args.requests, args.per_stream * streams)
         prompts = real_prompts(tokenizer, args.workload, num)
         known = lengths.get(streams) or lengths[max(lengths)]
-        # Each request's output length as the run without speculation gave it (EOS included).
-        params = [SamplingParams(temperature=0.0, max_tokens=max(1, known[i % len(known)]),
-                                 ignore_eos=True) for i in range(num)]
+        # Each request's output length as the run without speculation gave it (EOS included),
+        # or with --vary-len drawn as the real runs' --vary-len draws it.
+        params: SamplingParams | list[SamplingParams] = [
+            SamplingParams(temperature=0.0, max_tokens=max(1, known[i % len(known)]),
+                           ignore_eos=True) for i in range(num)]
+        if args.vary_len is not None:
+            params = [SamplingParams(temperature=0.0, max_tokens=p.max_tokens, ignore_eos=True)
+                      for p in output_params(args, num)]  # type: ignore[union-attr]
         sim += sim_rows(cost, result["vocab_size"], args.num_blocks, args.budget, 16, streams,
                         prompts, params, result["k"], fitted["acceptance"], fitted["spread"],
                         fitted["proposal_rate"])
@@ -437,6 +454,7 @@ def run_fit(args: argparse.Namespace) -> dict[str, Any]:
             "held_out_median_abs": fit.held_out_median_abs},
         "crossover_simulated": crossover(sim, f"fixed-k{result['k']}"),
         "fit_dispatch_rows": list(switches),
+        "fit_vary_len": args.vary_len, "fit_per_stream": args.per_stream,
     })
     return result
 
@@ -647,6 +665,8 @@ def main() -> None:
     parser.add_argument("--dispatch-rows", type=_ints, default=[],
                         help="fit: kernel-switch rows, for a result saved without them")
     parser.add_argument("--batch", type=int, default=16, help="invariance: prompts at once")
+    parser.add_argument("--vary-len", type=_ints, default=None,
+                        help="real: LOW,HIGH: each request's max_tokens uniform in LOW..HIGH")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="real, invariance: the engine's batch-invariant linears "
                         "(ModelConfig.batch_invariant)")
