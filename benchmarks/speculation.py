@@ -602,7 +602,7 @@ def run_kernels(args: argparse.Namespace) -> dict[str, Any]:
                 out.append({"kind": kind, "path": name, "rows_differing": differ,
                             "max_rows": getattr(linear, "max_rows", None)})
                 print(f"  {kind} {name}: {differ}", flush=True)
-        quantized = [n for n in paths if n in ("int4", "int8")]
+        quantized = [n for n in paths if n in ("int4", "int8", "int8g")]
         if quantized:
             a, b = alone[quantized[0]].float(), alone["bf16"].float()
             out.append({"kind": kind, "path": f"{quantized[0]} vs bf16",
