@@ -81,7 +81,8 @@ class DispatchLinear:
             y = self.small(x)
             return y if self.bias is None else y + self.bias
         assert self.large is not None
-        return self.large(x)
+        y = self.large(x)  # built without the bias: it is added here on both paths
+        return y if self.bias is None else y + self.bias
 
     def drop_small(self) -> None:
         """The quantized kernel never wins: free it (the float path stays)."""

@@ -168,6 +168,24 @@ def test_builder_modes():
         LinearBuilder("int3", torch.float32, CPU)
 
 
+def test_auto_adds_the_bias_on_both_paths():
+    """A layer with a bias (e.g. Qwen2's qkv) gets it above max_rows too, on the float path."""
+    torch.manual_seed(3)
+    weight, bias = torch.randn(32, 64), torch.randn(32)
+    blocks = {"q.weight": _file_blocks(weight)}
+    layer = LinearBuilder("auto", torch.float32, CPU, blocks).build("qkv", ["q.weight"], [weight],
+                                                                     bias=bias)
+    assert isinstance(layer, DispatchLinear) and layer.large is not None
+    x = torch.randn(6, 64)
+    exact = x @ blocks["q.weight"].dequantize().T + bias
+    layer.max_rows = 1 << 62  # every row count on the quantized kernel
+    torch.testing.assert_close(layer(x), exact, atol=1e-4, rtol=1e-4)
+    layer.max_rows = 2  # six rows: the float path
+    torch.testing.assert_close(layer(x), x @ weight.T + bias, atol=1e-4, rtol=1e-4)
+    layer.drop_small()  # the float path alone keeps the bias too
+    torch.testing.assert_close(layer(x), x @ weight.T + bias, atol=1e-4, rtol=1e-4)
+
+
 class _Timed:
     """A fake layer whose call advances a fake clock by cost(rows)."""
 
