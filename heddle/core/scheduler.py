@@ -103,7 +103,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_finished = 0  # requests that left (any reason), for admission's service rate
         self._num_finished_observed = 0
-        self._num_finished_at_schedule = 0  # num_finished when the last output was built
         self._step_token_budget = config.max_num_batched_tokens  # the last step's (policy's)
         self.num_preempted_waiting = 0  # of the waiting requests, those preempted
         # Why ready requests were left out of steps, preemptions, evictions, recomputes
@@ -316,7 +315,6 @@ class Scheduler:
         output.finished_request_ids = self._finished_since_last_step
         output.preempted_request_ids = [r.request_id for r in preempted]
         self._scheduled = step.requests
-        self._num_finished_at_schedule = self.num_finished
         self._next_step_id += 1
         self._finished_since_last_step = []
         self._step_start = self.clock.now()
@@ -709,41 +707,45 @@ class Scheduler:
             raise ValueError(
                 f"ExecutorOutput has {len(sampled)} rows of sampled tokens, the step {len(news)}"
             )
-        if drafts or self.num_finished != self._num_finished_at_schedule:
-            # Draft tokens in the step, or a request finished while it ran: row by row.
-            for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
-                self._update_row(
-                    request, num_new, token_ids, drafts, now, step_index, collect_updated, updated
-                )
-        else:
-            # The usual step: every row's request still runs, no drafts. A one-token row costs
-            # its count, one append, the run of its token times and two compares.
-            for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
-                computed = request.num_computed_tokens + num_new
-                request.num_computed_tokens = computed
-                if caching and computed >= (request.num_committed_blocks + 1) * block_size:
-                    kv.commit_computed(request)
-                if not token_ids:
-                    continue
-                if len(token_ids) != 1 or request.reasoning is not None:
-                    self._append_tokens(request, token_ids, now, step_index)
-                else:
-                    token_id = token_ids[0]
-                    tokens = request.all_token_ids
-                    tokens.append(token_id)
-                    runs = request.token_runs
-                    if runs and runs[-1] == previous_step:
-                        runs[-1] = step_index  # one more step in a row
-                    else:
-                        request.record.token_times.add(step_index)
-                        if len(tokens) == request.num_prompt_tokens + 1:
-                            request.first_token_time = request.record.first_token_time = now
-                    if len(tokens) >= request.max_num_tokens or token_id in request.stop_token_set:
-                        self._finish_stopped(
-                            request, token_id, len(tokens) - request.num_prompt_tokens
-                        )
+        for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
+            if request.status is not RUNNING:
+                continue  # finished while the step ran
+            computed = request.num_computed_tokens + num_new
+            if drafts and token_ids:
+                # Rejected draft tokens were computed but do not count: their KV is garbage
+                # past the computed tokens, overwritten as the request grows.
+                proposed = drafts.get(request.request_id)
+                if proposed:
+                    computed -= len(proposed) + 1 - len(token_ids)
+                    if speculator is not None:
+                        speculator.observe(request.request_id, len(proposed), len(token_ids) - 1)
+            request.num_computed_tokens = computed
+            if caching and computed >= (request.num_committed_blocks + 1) * block_size:
+                kv.commit_computed(request)
+            if not token_ids:
+                continue
+            if request.reasoning is not None:
+                self._append_reasoning(request, token_ids, now, step_index)
                 if collect_updated:
                     updated.append(request)
+                continue
+            runs = request.token_runs
+            tokens = request.all_token_ids
+            stops = request.stop_token_set
+            for token_id in token_ids:
+                tokens.append(token_id)
+                if runs and runs[-1] == previous_step:
+                    runs[-1] = step_index  # the usual case: one more step in a row
+                else:
+                    request.record.token_times.add(step_index)
+                    if len(tokens) == request.num_prompt_tokens + 1:
+                        request.first_token_time = request.record.first_token_time = now
+                if len(tokens) >= request.max_num_tokens or (stops and token_id in stops):
+                    num_output = len(tokens) - request.num_prompt_tokens
+                    if self._finish_stopped(request, token_id, num_output):
+                        break
+            if collect_updated:
+                updated.append(request)
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
         self.preemption_guard.observe_step(now, scheduler_output.num_scheduled_tokens)
         self.admission.observe_step(
@@ -755,67 +757,6 @@ class Scheduler:
         )
         self._num_finished_observed = self.num_finished
         return updated
-
-    def _update_row(
-        self,
-        request: Request,
-        num_new: int,
-        token_ids: Sequence[int],
-        drafts: dict[str, list[int]],
-        now: float,
-        step_index: int,
-        collect_updated: bool,
-        updated: list[Request],
-    ) -> None:
-        """One row of `update` in the general case: its request may have finished while the
-        step ran, and it may have verified draft tokens."""
-        if request.status is not RUNNING:
-            return  # finished while the step ran
-        computed = request.num_computed_tokens + num_new
-        if drafts and token_ids:
-            # Rejected draft tokens were computed but do not count: their KV is garbage past
-            # the computed tokens, overwritten as the request grows.
-            proposed = drafts.get(request.request_id)
-            if proposed:
-                computed -= len(proposed) + 1 - len(token_ids)
-                if self.speculator is not None:
-                    self.speculator.observe(request.request_id, len(proposed), len(token_ids) - 1)
-        request.num_computed_tokens = computed
-        kv = self.kv_cache
-        if (
-            kv.enable_prefix_caching
-            and computed >= (request.num_committed_blocks + 1) * kv.block_size
-        ):
-            kv.commit_computed(request)
-        if not token_ids:
-            return
-        self._append_tokens(request, token_ids, now, step_index)
-        if collect_updated:
-            updated.append(request)
-
-    def _append_tokens(
-        self, request: Request, token_ids: Sequence[int], now: float, step_index: int
-    ) -> None:
-        """Append a row's sampled tokens (several with accepted drafts), their token times,
-        and stop the request where a token ends it."""
-        if request.reasoning is not None:
-            self._append_reasoning(request, token_ids, now, step_index)
-            return
-        runs = request.token_runs
-        tokens = request.all_token_ids
-        stops = request.stop_token_set
-        for token_id in token_ids:
-            tokens.append(token_id)
-            if runs and runs[-1] == step_index - 1:
-                runs[-1] = step_index  # the usual case: one more step in a row
-            else:
-                request.record.token_times.add(step_index)
-                if len(tokens) == request.num_prompt_tokens + 1:
-                    request.first_token_time = request.record.first_token_time = now
-            if len(tokens) >= request.max_num_tokens or (stops and token_id in stops):
-                num_output = len(tokens) - request.num_prompt_tokens
-                if self._finish_stopped(request, token_id, num_output):
-                    break
 
     def _append_reasoning(
         self, request: Request, token_ids: Sequence[int], now: float, step_index: int
