@@ -90,6 +90,9 @@ class Point:
     queue_series: list[tuple[float, float, int, int]] = field(default_factory=list)
     leaked_blocks: int = -1  # KV blocks still held after the run (checked: must be 0)
     leaked_tier_slots: int = -1  # second-tier slots still held after the run
+    # (arrival since the first arrival, completion time or None, tool time) per program, by
+    # arrival: the PCT against arrival time, for the windowed steadiness check (`horizon`)
+    program_series: list[tuple[float, float | None, float]] = field(default_factory=list)
 
 
 class SamplingExecutor:
@@ -265,7 +268,19 @@ def run_point(
         offload_blocks=offload,
         leaked_blocks=leaked_blocks,
         leaked_tier_slots=leaked_slots,
+        program_series=program_series(result),
     )
+
+
+def program_series(result: ReplayResult) -> list[tuple[float, float | None, float]]:
+    programs = sorted(result.programs, key=lambda p: p.arrival_time)
+    if not programs:
+        return []
+    t0 = programs[0].arrival_time
+    return [(round(p.arrival_time - t0, 3),
+             None if p.completion_time is None else round(p.completion_time, 3),
+             round(p.tool_time, 3))
+            for p in programs]
 
 
 def steady_pcts(result: ReplayResult, warmup: float, drain: float) -> list[float]:

@@ -11,7 +11,8 @@ ZeroMQ sockets to the front end, sends `Ready`, then loops:
 
 The engine here does not detokenize: the front end turns token ids into text, finds stop
 strings and sends `Stop` back. The core exits on `Shutdown`, when its parent process is gone,
-or when the front end's sockets close.
+or when the front end's sockets close. A parent killed while the model loads (no loop runs yet to
+notice) is caught by a watchdog thread (`watch_parent`): the core never outlives its front end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +59,9 @@ logger = logging.getLogger(__name__)
 # this often instead of spinning; when idle, check this often that the parent is still alive.
 _STALLED_POLL_MS = 5
 _IDLE_POLL_MS = 1000
+# How often the watchdog thread checks that the parent is still alive (while the model loads,
+# warms up, or a step runs long).
+_PARENT_POLL_S = 0.2
 
 EngineFactory = Callable[[], Engine]
 
@@ -360,6 +365,32 @@ def serve(spec: CoreSpec) -> int:
     return 0
 
 
+def watch_parent(parent_pid: int, interval: float = _PARENT_POLL_S) -> threading.Thread:
+    """Exit this process as soon as its parent is no longer `parent_pid`.
+
+    The loop in `EngineCore.run` notices a vanished front end between steps, but while the
+    engine is built (a model loading for minutes), warmed up, or a step runs, nothing else
+    would: a `heddle serve` killed while starting left its core behind. A parent's death
+    re-parents the core (to init or a subreaper), so `os.getppid()` changes; polling it works
+    whichever thread spawned the core (PR_SET_PDEATHSIG fires when that *thread* ends, which
+    for a core restarted from a worker thread is not the front end's death) and across
+    fork + exec. The exit is immediate (`os._exit`): with no front end there is no one to
+    answer and nothing to save; the kernel frees the process's memory and devices.
+    """
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                logger.warning("the front end (pid %d) is gone; the engine core exits", parent_pid)
+                logging.shutdown()
+                os._exit(3)
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, name="heddle-parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine core: %(message)s")
     stdin = sys.stdin.buffer
@@ -368,6 +399,7 @@ def main() -> int:
     if not isinstance(spec, CoreSpec):
         print("heddle engine core: expected a CoreSpec on stdin", file=sys.stderr)
         return 2
+    watch_parent(spec.parent_pid)
     start = time.monotonic()
     logger.debug("starting (pid %d)", os.getpid())
     status = serve(spec)

@@ -265,6 +265,44 @@ def test_the_core_exits_when_its_front_end_is_killed():
         front.wait()
 
 
+_STARTING_FRONT_END = """
+import functools, sys
+from heddle.engine.core_client import CoreClient
+from tests.server.fakes import slow_engine
+
+CoreClient(functools.partial(slow_engine, sys.argv[1])).start()  # blocks while the core loads
+"""
+
+
+def test_the_core_exits_when_its_front_end_is_killed_while_it_starts(tmp_path):
+    """`heddle serve` killed while its model loads: the core, busy loading, must not stay."""
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "core.pid"
+    front = subprocess.Popen([sys.executable, "-c", _STARTING_FRONT_END, str(pid_file)])
+    core_pid = None
+    try:
+        deadline = time.monotonic() + 20
+        while not pid_file.exists() or not pid_file.read_text():
+            assert front.poll() is None, "the front end exited before its core started loading"
+            assert time.monotonic() < deadline, "the core never started loading"
+            time.sleep(0.02)
+        core_pid = int(pid_file.read_text())
+        assert _alive(core_pid)
+        front.send_signal(signal.SIGKILL)
+        front.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(core_pid):
+            assert time.monotonic() < deadline, "the orphaned core is still loading"
+            time.sleep(0.05)
+    finally:
+        front.kill()
+        front.wait()
+        if core_pid is not None and _alive(core_pid):  # the fix failed: do not leave it behind
+            os.kill(core_pid, signal.SIGKILL)
+
+
 def test_per_step_events_reach_the_event_listeners():
     seen: list[dict] = []
 

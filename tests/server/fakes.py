@@ -93,6 +93,18 @@ def unloadable_engine() -> Engine:
     raise ModelLoadError("no model at /nowhere")
 
 
+def slow_engine(pid_file: str, seconds: float = 60.0) -> Engine:
+    """A factory that is still loading after `seconds` (a model read from a slow disk): it writes
+    the core's pid to `pid_file` first, so a test can find the core while it starts."""
+    import os
+    import time
+
+    with open(pid_file, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(seconds)
+    return make_engine()
+
+
 def step_counter(engine: Engine):  # -> Callable[[], list[dict]]
     """An event source for a core: one event per step, saying which step it was."""
 
