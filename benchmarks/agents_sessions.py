@@ -18,6 +18,9 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
     python benchmarks/agents_sessions.py summarize results/agents-steady/agents-sim_*.json
     python benchmarks/agents_sessions.py by-seed results/swe-scan/agents-sim_*.json  # per seed,
         # growth from 180 to 360 programs (steadiness) and ratios against fcfs+lru
+    python benchmarks/agents_sessions.py horizon results/swe-scan/*.json results/swe-horizon/*.json
+        # PCT against run length (180 / 360 / 1,080 / 3,240 programs), late vs early half,
+        # recomputed tokens per program, and each ratio's verdict (steady / capacity / both grow)
     python benchmarks/agents_sessions.py workload-stats --load 0.35   # what each seed offers
     python benchmarks/agents_sessions.py plot-queue OUT.png FILES...    # waiting requests, KV use
 
@@ -31,6 +34,7 @@ prefix evictions and preemptions), preemptions, and the parked share of the KV p
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -550,6 +554,109 @@ def by_seed(paths: list[str], base: str = "fcfs+lru") -> str:
     return "\n".join(lines)
 
 
+QUEUE_STEADY = 2.0  # requests: a late window waiting at most this (or 1.25x the early one)
+
+
+def _waiting(point: dict[str, Any]) -> tuple[float, float, int] | None:
+    """Mean requests waiting over 20-60% and over 60-100% of the arrival span, and the most
+    waiting at once (from the run's queue samples). A queue that grows without bound waits
+    more late than early; a steady one waits alike (near nothing here). Unlike the mean PCT of
+    a window, it does not move with which programs (how long, how heavy) fall in the window."""
+    samples = point.get("queue_series")
+    if not samples:
+        return None
+    series = point.get("program_series")
+    span = series[-1][0] if series else point["num_programs"] / point["load"]
+
+    def mean(lo: float, hi: float) -> float:
+        values = [s[2] for s in samples if lo * span <= s[0] < hi * span]
+        return statistics.fmean(values) if values else math.nan
+
+    return mean(0.2, 0.6), mean(0.6, 1.0 + 1e-9), max(s[2] for s in samples)
+
+
+def _queue_steady(waiting: tuple[float, float, int]) -> bool:
+    early, late, _ = waiting
+    return late <= max(QUEUE_STEADY, 1.25 * early)
+
+
+def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
+    """The PCT-vs-horizon table: per workload, load, pool, seed and configuration, the mean
+    program completion time at every run length with its growth from each length to the next;
+    the requests waiting early and late in the longest run (`_waiting`); recomputed prompt tokens
+    per program there. A configuration is steady when the longest run's queue does not grow
+    (`_queue_steady`); the PCT growth is shown beside it (it also moves with the heavy tail of
+    the programs a longer run adds). Then per point the ratio of `base` to every other
+    configuration at each length, and whether it is a steady verdict (both steady), a capacity
+    verdict (`base` grows, the other is steady) or neither."""
+    runs: dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for point in data["points"]:
+            key = (point["workload"], point["load"], _pool(data), point["seed"])
+            config = f"{point['policy']}+{point['retention']}"
+            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
+    lines = [
+        "| workload | load | pool | seed | config | PCT mean by programs (growth) "
+        "| waiting early / late (max), longest run | recomputed per program | queue steady |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratio_lines = [
+        "", f"| workload | load | pool | seed | {base} / config | mean PCT ratio by programs "
+        "| p95 ratio, recomputed ratio (longest) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (workload, load, pool, seed), by_config in sorted(runs.items()):
+        steady_of: dict[str, bool | None] = {}
+        for config in sorted(by_config, key=lambda c: (c != base, c)):
+            by_n = by_config[config]
+            ns = sorted(by_n)
+            growths = [by_n[b]["pct_mean"] / by_n[a]["pct_mean"] for a, b in itertools.pairwise(ns)]
+            text = f"{ns[0]}: {by_n[ns[0]]['pct_mean']:.1f}"
+            for n, g in zip(ns[1:], growths, strict=True):
+                text += f" → {n}: {by_n[n]['pct_mean']:.1f} (x{g:.2f})"
+            with_queue = [n for n in ns if by_n[n].get("queue_series")]
+            waiting = _waiting(by_n[with_queue[-1]]) if with_queue else None
+            if waiting:
+                steady_of[config] = _queue_steady(waiting)
+                queue_text = f"{waiting[0]:.1f} / {waiting[1]:.1f} ({waiting[2]}), {with_queue[-1]}"
+            else:  # an older run without queue samples: the PCT growth decides
+                steady_of[config] = max(growths) <= GROWTH_STEADY if growths else None
+                queue_text = "- (by PCT growth)"
+            longest = by_n[ns[-1]]
+            per_program = longest["tokens_recomputed"] / max(1, longest["num_programs"]) / 1e3
+            verdict = {True: "yes", False: "no", None: "?"}[steady_of[config]]
+            lines.append(
+                f"| {workload} | {load:g} | {pool} | {seed} | {config} | {text} | {queue_text} "
+                f"| {per_program:.1f}k | {verdict} |"
+            )
+        b = by_config.get(base, {})
+        for config, c in sorted(by_config.items()):
+            common = sorted(set(b) & set(c))
+            if config == base or not common:
+                continue
+            ratios = " / ".join(f"{n}: {b[n]['pct_mean'] / c[n]['pct_mean']:.2f}x"
+                                for n in common)
+            n = common[-1]
+            recomputed = b[n]["tokens_recomputed"] / max(1, c[n]["tokens_recomputed"])
+            tail = f"{b[n]['pct_p95'] / c[n]['pct_p95']:.2f}x, {recomputed:.1f}x"
+            mine, theirs = steady_of.get(config), steady_of.get(base)
+            if mine and theirs:
+                verdict = "steady (both)"
+            elif mine and theirs is False:
+                verdict = f"capacity ({base}'s queue grows)"
+            elif mine is False and theirs:
+                verdict = f"{config}'s queue grows"
+            elif mine is False and theirs is False:
+                verdict = "both queues grow"
+            else:
+                verdict = "?"
+            ratio_lines.append(
+                f"| {workload} | {load:g} | {pool} | {seed} | {config} | {ratios} | {tail} "
+                f"| {verdict} |")
+    return "\n".join(lines + ratio_lines)
+
+
 def plot_queue(argv: list[str]) -> None:
     """The waiting requests and the pool's used share over time of each point in the given
     JSON files (one line per point), to one PNG: `plot-queue OUT.png FILES...`."""
@@ -635,6 +742,13 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "summarize":
         print(summarize(sys.argv[2:]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "horizon":  # horizon [--base CONFIG] FILES
+        rest = sys.argv[2:]
+        if rest[:1] == ["--base"]:
+            print(horizon(rest[2:], base=rest[1]))
+        else:
+            print(horizon(rest))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "by-seed":  # by-seed [--base CONFIG] FILES
         rest = sys.argv[2:]

@@ -65,3 +65,42 @@ def test_by_seed_marks_growth_and_counts_only_steady_seeds(tmp_path):
     assert "1.50x" in rows["1"] and "1.50x*" not in rows["1"]  # 63 / 42
     summary = [line for line in text.splitlines() if "fcfs+cost+tier | 2 |" in line]
     assert summary and "1: 1.50x (1.50-1.50)" in summary[0]
+
+
+def _queue_point(retention, n, pct_mean, waiting_early, waiting_late):
+    """A 0.5 programs/s run of n programs whose queue waits `waiting_early` requests over the
+    first 60% of its arrival span and `waiting_late` after."""
+    span = (n - 1) / 0.5  # the last arrival
+    samples = [(t, 0.5, waiting_early if t < 0.6 * span else waiting_late, 10)
+               for t in range(0, int(span))]
+    return {"workload": "agent-swe", "load": 0.5, "seed": 0, "num_programs": n,
+            "policy": "fcfs", "retention": retention, "pct_mean": pct_mean,
+            "pct_p95": 2 * pct_mean, "tokens_recomputed": 1000 * n,
+            "queue_series": samples,
+            "program_series": [(i / 0.5, pct_mean, 10.0) for i in range(n)]}
+
+
+def test_horizon_judges_steadiness_by_the_queue_not_by_the_mean(tmp_path):
+    import agents_sessions
+
+    setup = "simulator: llama-3.1-8b on one h100 (roofline), 8000 KV blocks of 16 tokens"
+    points = [
+        # lru's queue grows (0 early, 30 late): past capacity, though its mean grows only 5%
+        _queue_point("lru", 100, 80.0, 0, 1), _queue_point("lru", 300, 84.0, 0, 30),
+        # cost+tier's mean grows 25% (a heavier mix later on), its queue stays empty: steady
+        _queue_point("cost+tier", 100, 40.0, 0, 0),
+        _queue_point("cost+tier", 300, 50.0, 1, 0),
+    ]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"setup": setup, "points": points}))
+    text = agents_sessions.horizon([str(path)])
+    rows = {line.split("|")[5].strip(): line for line in text.splitlines()
+            if line.startswith("| agent-swe") and "x |" not in line and "capacity" not in line}
+    assert rows["fcfs+lru"].rstrip(" |").endswith("no")
+    assert "0.0 / 30.0 (30), 300" in rows["fcfs+lru"]
+    assert rows["fcfs+cost+tier"].rstrip(" |").endswith("yes")
+    assert "100: 40.0 → 300: 50.0 (x1.25)" in rows["fcfs+cost+tier"]
+    verdict = [line for line in text.splitlines() if "capacity" in line]
+    assert len(verdict) == 1
+    assert "100: 2.00x / 300: 1.68x" in verdict[0]  # 80/40, 84/50
+    assert "1.68x, 1.0x" in verdict[0]  # p95 ratio, recomputed ratio at 300 programs
