@@ -23,13 +23,14 @@ if [ ! -e "$JOBS" ]; then  # the list the doc's figures came from, in the order 
 0.32 1080 1 fcfs:ttl
 0.38 1080 1 fcfs:cost+tier
 0.38 1080 2 fcfs:cost+tier
-0.35 1080 1 fcfs:lru
+0.28 1080 1 fcfs:lru
+0.28 1080 2 fcfs:lru
+0.28 1080 1 fcfs:cost+tier
+0.28 1080 2 fcfs:cost+tier
 0.35 1080 2 fcfs:ttl
+0.35 1080 1 fcfs:lru
 0.32 1080 0 fcfs:cost+tier
 0.32 1080 2 fcfs:ttl
-0.35 1080 1 fcfs:ttl
-0.32 1080 2 fcfs:lru
-0.32 3240 1 fcfs:cost+tier
 LIST
 fi
 worker() {
