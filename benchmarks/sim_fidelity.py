@@ -46,7 +46,7 @@ from heddle.errors import HeddleError
 from heddle.hostinfo import machine_line
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
-from heddle.model.profiling import dispatch_rows, profile_executor, profile_model
+from heddle.model.profiling import DECODE_RUNS, dispatch_rows, profile_executor, profile_model
 from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
@@ -441,6 +441,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each profiled shape")
     parser.add_argument("--num-mixed", type=int, default=128, help="mixed steps profiled")
+    parser.add_argument("--decode-runs", default="moving", choices=DECODE_RUNS,
+                        help="how a profiled shape's timed runs schedule its decodes")
     parser.add_argument("--no-host", action="store_true",
                         help="profile no engine time around a step and no wake")
     parser.add_argument("--runs", type=int, default=3, help="real + simulated runs of each case")
@@ -522,6 +524,7 @@ def main() -> None:
             idle_repeats=args.idle_repeats,
             engine_config=None if args.no_host else config,
             samples_out=profile_samples,
+            decode_runs=args.decode_runs,
         )
         # The profile's own timed shapes (the grid's first), to refit without a term or a
         # family of shapes (benchmarks/fidelity_terms.py).

@@ -27,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default="profile.json", help="where to write the fitted model")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each shape first")
+    p.add_argument(
+        "--decode-runs", default="moving", choices=("moving", "known", "new"),
+        help="how a shape's timed runs schedule its decodes: decoding on from one position to "
+        "the next as a running engine's do (moving), re-computing one position (known), or "
+        "as new requests each run (new)",
+    )
     p.add_argument("--max-context", type=int, default=2048)
     p.add_argument(
         "--num-mixed", type=int, default=128,
@@ -144,6 +150,7 @@ def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
         num_mixed=args.num_mixed,
         repeats=args.repeats,
         warmup=args.warmup,
+        decode_runs=args.decode_runs,
         held_out=args.held_out,
         seed=args.seed,
         machine=_machine(),

@@ -166,6 +166,7 @@ def build_scheduler_output(
     vocab_size: int = 1000,
     request_prefix: str = "profile",
     decodes_of: int | None = None,
+    decode_lag: int = 0,
 ) -> SchedulerOutput:
     """A SchedulerOutput of `shape` with synthetic token ids and freshly allocated blocks.
 
@@ -175,7 +176,13 @@ def build_scheduler_output(
     `decodes_of`: the id of an earlier step of the same shape whose decode rows the executor
     still holds; they are scheduled again as known requests (no `NewRequest`), as a running
     engine's decodes are, while the prefill chunks come as new requests.
+    `decode_lag`: each decode row computes the token `decode_lag` positions before its
+    shape's (at most down to the first): a shape's runs with lags k, k - 1, .., 0 decode on
+    from one position to the next, as a running engine's decodes do; the blocks cover the
+    shape's full context from the first run.
     """
+    if decode_lag < 0:
+        raise HeddleError("decode_lag must be >= 0")
     if block_size < 1:
         raise HeddleError("block_size must be positive")
     params = SamplingParams(temperature=0.0, max_tokens=None)
@@ -188,12 +195,15 @@ def build_scheduler_output(
         num_blocks_needed = -(-context // block_size)
         table = list(range(next_block, next_block + num_blocks_needed))
         next_block += num_blocks_needed
+        at = context - min(decode_lag, context - 1) if num_new == 1 else context
         if decodes_of is not None and num_new == 1:
-            builder.add(f"{request_prefix}-{decodes_of}-{index}", context - 1, 1, sample,
+            builder.add(f"{request_prefix}-{decodes_of}-{index}", at - 1, 1, sample,
                         num_prompt_tokens=prompt_len)  # fmt: skip
             return
         request_id = f"{request_prefix}-{step_id}-{index}"
-        known = prompt_len + max(0, context - prompt_len)  # the prompt, then any outputs
+        if sample and num_new == 1:  # the prompt ends just before the token it computes
+            prompt_len = max(1, at - 1)
+        known = prompt_len + max(0, at - prompt_len)  # the prompt, then any outputs
         new = NewRequest(
             request_id,
             [1 + i * 31 % (vocab_size - 1) for i in range(known)],
@@ -203,7 +213,7 @@ def build_scheduler_output(
         )
         builder.add(
             request_id,
-            context - num_new,
+            at - num_new,
             num_new,
             sample,
             num_prompt_tokens=prompt_len,
@@ -227,6 +237,9 @@ def build_scheduler_output(
     return builder.build()
 
 
+DECODE_RUNS = ("moving", "known", "new")
+
+
 def profile_executor(
     execute_fn: ExecuteFn,
     shapes: Sequence[StepShape],
@@ -237,16 +250,24 @@ def profile_executor(
     num_blocks: int | None = None,
     vocab_size: int = 1000,
     clock: Clock | None = None,
+    decode_runs: str = "moving",
 ) -> list[tuple[StepShape, float]]:
     """(shape, median seconds over `repeats` runs) for each shape, after `warmup` untimed runs.
 
     A shape's first run sends every row as a new request; its later runs schedule the decode
     rows again as requests the executor knows (a running engine's decodes are), the prefill
-    chunks as new ones. Each shape's requests are reported finished when it is done (chunks:
-    after each run), so an executor that keeps per-request state drops it as in serving.
+    chunks as new ones. `decode_runs`: "moving" (each run decodes the next position, as a
+    running engine's decodes do: the first run starts `warmup + repeats - 1` tokens before
+    the shape's contexts and the last is the shape), "known" (every run re-computes the
+    shape's last position) or "new" (every run sends the decodes as new requests too). Each
+    shape's requests are reported finished when it is done (chunks: after each run), so an
+    executor that keeps per-request state drops it as in serving.
     """
     if repeats < 1 or warmup < 0:
         raise HeddleError("repeats must be >= 1 and warmup >= 0")
+    if decode_runs not in DECODE_RUNS:
+        raise HeddleError(f"decode_runs must be one of {', '.join(DECODE_RUNS)}, "
+                          f"not {decode_runs!r}")  # fmt: skip
     clock = clock or WallClock()
     finished: list[str] = []
     step_id = 0
@@ -255,8 +276,11 @@ def profile_executor(
         times = []
         first = step_id
         for run in range(warmup + repeats):
+            known = run > 0 and decode_runs != "new"
+            lag = warmup + repeats - 1 - run if decode_runs == "moving" else 0
             so = build_scheduler_output(shape, step_id, block_size, num_blocks, vocab_size,
-                                        decodes_of=first if run else None)  # fmt: skip
+                                        decodes_of=first if known else None,
+                                        decode_lag=lag)  # fmt: skip
             so.finished_request_ids = finished
             start = clock.now()
             execute_fn(so)
@@ -264,8 +288,9 @@ def profile_executor(
             if run >= warmup:
                 times.append(elapsed)
             last = run == warmup + repeats - 1
+            known_next = decode_runs != "new"  # the next run schedules these decodes again
             finished = [rid for rid, n in zip(so.request_ids, so.num_new_tokens, strict=True)
-                        if last or n > 1]  # fmt: skip
+                        if last or n > 1 or not known_next]  # fmt: skip
             step_id += 1
         results.append((shape, statistics.median(times)))
     return results
@@ -303,6 +328,7 @@ def profile_model(
     idle_repeats: int = 3,
     engine_config: Any = None,
     samples_out: list[tuple[StepShape, float]] | None = None,
+    decode_runs: str = "moving",
 ) -> ProfiledCostModel:
     """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
     `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
@@ -331,6 +357,7 @@ def profile_model(
         warmup=warmup,
         num_blocks=executor.num_blocks,
         vocab_size=executor.model_shape.vocab_size,
+        decode_runs=decode_runs,
     )
     if samples_out is not None:
         samples_out.extend(samples)
@@ -357,7 +384,8 @@ def profile_model(
         dtype=str(executor.dtype),
         machine=machine,
         extra={"num_blocks": executor.num_blocks, "block_size": executor.block_size,
-               "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup, **limits,
+               "num_shapes": len(shapes), "repeats": repeats, "warmup": warmup,
+               "decode_runs": decode_runs, **limits,
                "dispatch_rows": list(switches), **extra},
         held_out=held_out,
         seed=seed,

@@ -83,10 +83,14 @@ def test_profile_executor_times_each_shape_and_releases_requests():
     assert len(seen) == 2 * 5
     assert seen[0].finished_request_ids == []
     # A shape's first run sends every row new; its later runs schedule the same decodes again
-    # as known requests (a running engine's decodes are) and a new prompt chunk each time.
+    # as known requests (a running engine's decodes are), each one position further on (the
+    # last run is the shape), and a new prompt chunk each time.
     first = seen[0]
+    assert StepShape.from_scheduler_output(seen[4]) == shapes[0]
+    for k, run in enumerate(seen[:5]):
+        assert [c for c, n in zip(run.num_computed_tokens, run.num_new_tokens, strict=True)
+                if n == 1] == [5 + k] * 4  # fmt: skip
     for run in seen[1:5]:
-        assert StepShape.from_scheduler_output(run) == shapes[0]
         decodes = [r for r, n in zip(run.request_ids, run.num_new_tokens, strict=True) if n == 1]
         assert decodes == [r for r, n in zip(first.request_ids, first.num_new_tokens,
                                              strict=True) if n == 1]  # fmt: skip
@@ -126,3 +130,38 @@ def test_mixed_shapes_look_like_a_running_engines_steps():
     for shape in shapes:
         so = build_scheduler_output(shape, step_id=0, block_size=16, vocab_size=100)
         assert StepShape.from_scheduler_output(so) == shape
+
+
+@pytest.mark.parametrize("mode", ["known", "new"])
+def test_profile_executor_can_rerun_a_position_or_send_decodes_new(mode):
+    seen: list[SchedulerOutput] = []
+
+    def execute(so: SchedulerOutput) -> ExecutorOutput:
+        seen.append(so)
+        return ExecutorOutput([[1] if sample else [] for sample in so.sample], 0.0)
+
+    shape = StepShape(((8, 8),), (10, 3), num_sampled=2)
+    profile_executor(execute, [shape], block_size=4, repeats=3, decode_runs=mode,
+                     clock=VirtualClock())  # fmt: skip
+    assert all(StepShape.from_scheduler_output(so) == shape for so in seen)
+    new_decodes = [sum(1 for n in so.new_requests if n.request_id in so.request_ids[1:])
+                   for so in seen]  # fmt: skip
+    assert new_decodes == ([2, 0, 0, 0] if mode == "known" else [2, 2, 2, 2])
+    if mode == "new":  # each run's decodes are released before the next run
+        for before, after in itertools.pairwise(seen):
+            assert after.finished_request_ids == before.request_ids
+    with pytest.raises(HeddleError, match="decode_runs"):
+        profile_executor(execute, [shape], block_size=4, decode_runs="same")
+
+
+def test_moving_decodes_run_on_the_real_executor_at_advancing_positions(smol_executor):
+    """On the real executor the moving runs are valid steps: each decode's next position is a
+    token the executor knows (its prompt, or what it sampled), the blocks cover the shape
+    (the executor checks both and raises otherwise)."""
+    executor = smol_executor
+    # a decode at context 2 (it cannot lag 3), two sampling ones, one mid-prompt, a chunk
+    shapes = [StepShape(((5, 21),), (2, 19, 40), num_sampled=2)]
+    samples = profile_executor(executor.execute, shapes, executor.block_size, repeats=3,
+                               num_blocks=executor.num_blocks,
+                               vocab_size=executor.model_shape.vocab_size)  # fmt: skip
+    assert [s for s, _ in samples] == shapes and all(t > 0 for _, t in samples)
