@@ -46,7 +46,13 @@ from heddle.errors import HeddleError
 from heddle.hostinfo import machine_line
 from heddle.metrics import summarize
 from heddle.model.executor import ModelExecutor
-from heddle.model.profiling import DECODE_RUNS, dispatch_rows, profile_executor, profile_model
+from heddle.model.profiling import (
+    DECODE_RUNS,
+    dispatch_rows,
+    profile_executor,
+    profile_model,
+    profile_shapes,
+)
 from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
 from heddle.model.step_log import StepRecorder, save_steps
 from heddle.sim.cost_model import StepShape
@@ -118,6 +124,46 @@ def retime(executor: Any, steps: list[tuple[StepShape, float]], count: int, voca
     )  # fmt: skip
     print("re-timed in isolation vs the real steps:")
     print("\n".join(step_errors(_Lookup(timed), chosen).lines()))  # type: ignore[arg-type]
+
+
+def canary_shapes(args: argparse.Namespace, executor: Any) -> list[StepShape]:
+    """A fixed set of steps like a running engine's (not the profile's own: another seed)."""
+    return profile_shapes(args.budget, args.max_num_seqs, 1024,
+                          executor.num_blocks * executor.block_size,
+                          num_shapes=args.canary, seed=args.seed + 1)  # fmt: skip
+
+
+def canary(executor: Any, cost: Any, shapes: list[StepShape], vocab: int) -> list[float]:
+    """The machine's speed now against the profile's: the canary shapes timed as the profile
+    times a shape, measured / the profile's price; [median, p10, p90] of the ratios."""
+    timed = profile_executor(executor.execute, shapes, executor.block_size, repeats=3,
+                             num_blocks=executor.num_blocks, vocab_size=vocab)  # fmt: skip
+    model = cost.executor_only()
+    ratios = sorted(t / model.step_time(s) for s, t in timed)
+    return [statistics.median(ratios), ratios[len(ratios) // 10],
+            ratios[min(len(ratios) - 1, 9 * len(ratios) // 10)]]  # fmt: skip
+
+
+def scaled(cost: ProfiledCostModel, ratio: float) -> ProfiledCostModel:
+    """The profile with every step price (not the engine's time around it) times `ratio`."""
+    from heddle.sim.profiled import CONSTRAINED_ROWS, HOST_TERMS
+
+    kept = (*HOST_TERMS, CONSTRAINED_ROWS)
+    coefficients = {k: v if k in kept else v * ratio for k, v in cost.coefficients.items()}
+    return ProfiledCostModel(coefficients, cost.metadata, cost.warmup)
+
+
+def rescaled_errors(config: EngineConfig, executor: Any, cost: ProfiledCostModel,
+                    workload: Any, runs: list[dict[str, Any]], ratio: float) -> dict[str, float]:
+    """Median relative errors of a simulation priced by `scaled(cost, ratio)`."""
+    sim = build_sim_engine(config, model=executor.model_shape, cost_model=scaled(cost, ratio),
+                           num_blocks=executor.num_blocks,
+                           max_model_len=executor.max_model_len)  # fmt: skip
+    summary = summarize(simulate(workload, sim).records)
+    return {metric: statistics.median(
+                _row(r["rows"][metric]["measured"], _summary_value(summary, metric))["rel_error"]
+                for r in runs)
+            for metric in runs[0]["rows"]}  # fmt: skip
 
 
 def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> dict[str, Any]:
@@ -360,7 +406,7 @@ def targets(paths: list[str]) -> None:
     """The issue's targets over saved runs (one dtype's cases may be split over several
     files): each case's p50/p99 TTFT, TPOT, E2E and throughput (median of its runs), how many
     are within 10%, and the per-step error of each file's profile on its real steps."""
-    within = total = 0
+    within = total = within_rescaled = total_rescaled = 0
     for path in paths:
         saved = json.loads(Path(path).read_text())
         for case in saved["cases"]:
@@ -373,6 +419,16 @@ def targets(paths: list[str]) -> None:
             print(f"{saved['dtype']} {case['workload']} @ {case['rate']} "
                   f"({saved['num_requests']} requests x {len(case['runs'])}): {len(ok)}/"
                   f"{len(TARGET_FIGURES)} within 10%" + (f"; misses: {misses}" if misses else ""))
+            rescaled = case.get("median_rel_error_rescaled")
+            if rescaled:
+                ok_r = [m for m in TARGET_FIGURES if abs(rescaled[m]) <= 0.10]
+                within_rescaled += len(ok_r)
+                total_rescaled += len(TARGET_FIGURES)
+                drift = statistics.fmean(c[0] for c in case["canary"])
+                print(f"  canary {' / '.join(f'{c[0]:.3f}' for c in case['canary'])} (measured "
+                      f"/ profile); priced at the canary's speed (x{drift:.3f}): {len(ok_r)}/"
+                      f"{len(TARGET_FIGURES)} within 10%: " + ", ".join(
+                          f"{m} {100 * rescaled[m]:+.1f}%" for m in TARGET_FIGURES))  # fmt: skip
         steps = saved.get("step_error_all") or [None] * 3
         per_case = [(c["workload"], c["rate"], c["step_error"]["all"]) for c in saved["cases"]]
         print(f"  {path}: per-step |error| over all real steps: "
@@ -381,6 +437,8 @@ def targets(paths: list[str]) -> None:
               + "; per case: " + "; ".join(f"{w} @ {r}: {100 * e[1]:.1f}% / {100 * e[2]:.1f}%"
                                           for w, r, e in per_case))  # fmt: skip
     print(f"within 10%: {within} of {total}")
+    if total_rescaled:
+        print(f"priced at the canary's speed: {within_rescaled} of {total_rescaled}")
 
 
 def halves(saved: dict[str, Any], steps_path: Path) -> None:
@@ -441,6 +499,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each profiled shape")
     parser.add_argument("--num-mixed", type=int, default=128, help="mixed steps profiled")
+    parser.add_argument("--canary", type=int, default=16,
+                        help="shapes re-timed before and after each case: the machine's speed "
+                        "against the profile's (0: none)")
     parser.add_argument("--decode-runs", default="moving", choices=DECODE_RUNS,
                         help="how a profiled shape's timed runs schedule its decodes")
     parser.add_argument("--no-host", action="store_true",
@@ -592,12 +653,14 @@ def main() -> None:
     }
     all_steps: list[tuple[StepShape, float]] = []
     all_gaps: list[float | None] = []
+    canaries_of = canary_shapes(args, executor) if args.canary else []
     for name, rate in cases:
         options = WORKLOADS[name]
         workload = get_workload(
             name, seed=args.seed, num_requests=args.num_requests, rate=rate, **options
         )
         runs, steps, gaps, parts = [], [], [], []
+        canaries = [canary(executor, cost, canaries_of, vocab)] if args.canary else []
         for _ in range(args.runs):
             pair = run_pair(config, executor, cost, workload)
             runs.append(pair)
@@ -617,6 +680,11 @@ def main() -> None:
             median["stall_free"] = {m: statistics.median(r["rows"][m]["rel_error"]
                                                          for r in free)
                                     for m in runs[0]["rows"]}  # fmt: skip
+        rescaled = None
+        if args.canary:
+            canaries.append(canary(executor, cost, canaries_of, vocab))
+            drift = statistics.fmean(c[0] for c in canaries)
+            rescaled = rescaled_errors(config, executor, cost, workload, runs, drift)
         per_step = step_errors(cost.executor_only(), steps)
         gap_ratios = by_gap(cost, steps, gaps)
         # The engine's own time between two steps with no wait between them.
@@ -635,6 +703,8 @@ def main() -> None:
                 "num_stall_free": len(free),
                 "median_rel_error": median["rows"],
                 "median_rel_error_shape_only": median["rows_shape_only"],
+                "canary": canaries,
+                "median_rel_error_rescaled": rescaled,
                 "step_error": {
                     b.name: [b.num_steps, b.median_abs, b.p90_abs, b.median_signed]
                     for b in [per_step.overall, *per_step.buckets]
@@ -654,6 +724,11 @@ def main() -> None:
             print(f"{metric:14s} {measured:10.4f} {predicted:10.4f} "
                   f"{100 * median['rows'][metric]:12.1f}% "
                   f"{100 * median['rows_shape_only'][metric]:10.1f}%")  # fmt: skip
+        if rescaled is not None:
+            print("canary (measured / profile, median [p10, p90]) before and after the runs: "
+                  + "; ".join(f"{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}]" for c in canaries))
+            print("priced at the canary's speed (the profile x their mean): " + ", ".join(
+                f"{m} {100 * e:+.1f}%" for m, e in rescaled.items()))
         print("per-step error of the (shape-only) cost model on the real steps:")
         print("\n".join(per_step.lines()))
         print("real step / back-to-back prediction, by the idle gap before the step:")

@@ -75,3 +75,39 @@ def test_bad_run_lengths_are_refused():
         fidelity_load.lengths_of("0", 30)
     with pytest.raises(SystemExit, match=">= 8 requests"):
         fidelity_load.capacity(saved_run(), ProfiledCostModel(PRICES), "chat", {}, [4])
+
+
+def test_canary_scaling_prices_steps_not_the_engines_time_and_simulates_slower():
+    import sim_fidelity
+
+    from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from heddle.metrics import summarize
+    from heddle.sim.simulator import build_sim_engine, simulate
+    from heddle.workloads import get_workload
+
+    cost = ProfiledCostModel({**PRICES, "host_constant": 2e-4, "host_per_row": 1e-5})
+    slow = sim_fidelity.scaled(cost, 1.25)
+    decode = StepShape((), (10, 20))
+    assert slow.executor_only().step_time(decode) == pytest.approx(
+        1.25 * cost.executor_only().step_time(decode))
+    assert slow.host_time(decode) == cost.host_time(decode)
+    # Measured runs = this model's own simulation: priced at 1.0 nothing is off, at 1.25 the
+    # run is slower (TPOT up, throughput down).
+    config = EngineConfig(model=ModelConfig(dtype="float32"), cache=CacheConfig(block_size=16),
+                          scheduler=SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8))
+
+    class Executor:
+        model_shape = load_model_spec("smollm2-135m")
+        num_blocks, max_model_len = 512, 4096
+
+    workload = get_workload("chat", seed=0, num_requests=6, rate=2.0,
+                            **sim_fidelity.WORKLOADS["chat"])  # fmt: skip
+    sim = build_sim_engine(config, model=Executor.model_shape, cost_model=cost,
+                           num_blocks=512, max_model_len=4096)  # fmt: skip
+    summary = summarize(simulate(workload, sim).records)
+    real = sim_fidelity.compare(summary, summary)
+    runs = [{"rows": real}]
+    same = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, 1.0)
+    assert all(abs(e) < 1e-9 for e in same.values())
+    slower = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, 1.25)
+    assert slower["tpot p50"] > 0.2 and slower["output tok/s"] < 0
