@@ -363,6 +363,7 @@ def run_real(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"streams": streams, "mode": name, **mode_runs[0],
                          "tokens_per_second": statistics.median(values),
                          "tokens_per_second_runs": values,
+                         "output_tokens_runs": [r["output_tokens"] for r in mode_runs],
                          "ratio_to_off_runs": [v / o for v, o in zip(values, off, strict=True)],
                          "ratio_to_off": statistics.median(
                              v / o for v, o in zip(values, off, strict=True))})
@@ -488,6 +489,186 @@ def run_invariance(args: argparse.Namespace) -> dict[str, Any]:
             "fixed_1_vs_fixed_batch": differ(f"{fixed}/1", f"{fixed}/{batch}"),
             "off_vs_fixed_at_1": differ("off/1", f"{fixed}/1"),
             "off_vs_fixed_at_batch": differ(f"off/{batch}", f"{fixed}/{batch}"),
+            "rows": []}
+
+
+# What each variant of the batch-invariant mode keeps of the default path (run_causes).
+INVARIANCE_VARIANTS = {
+    # The linears alone (RowTiledLinear); prompts attended as prefill chunks (SDPA over the
+    # chunk, a gathered cached prefix); decode-only steps on the fused C layers, mixed steps
+    # on the eager ones: the batch-invariant mode before every token took the decode path.
+    "linears": {"all_decode_path": False, "fused": True},
+    # ... and every step on the eager layers (no fused ones): isolates the fused/eager mix.
+    "linears+eager": {"all_decode_path": False, "fused": False},
+    # ModelConfig.batch_invariant as it is: every token attended by the decode kernel, one
+    # query row at a time over its context; every step decode-only, so every row runs the
+    # same (fused) layers.
+    "invariant": {"all_decode_path": True, "fused": True},
+}
+
+
+def run_causes(args: argparse.Namespace) -> dict[str, Any]:
+    """Why greedy outputs with speculation differ from those without in batches: the same
+    closed loops (off, fixed K, adaptive; and off at 1 seat) under each of
+    INVARIANCE_VARIANTS, outputs that differ from off's counted per variant; and, per
+    variant, whether a prompt's last-token logits are bit for bit the same when it is
+    prefilled in one chunk, in chunks of 16 tokens, and after its first 32 tokens came from
+    another request's cached blocks. A count, not a time: run it under `cpu`."""
+    import torch
+
+    from heddle.config import ModelConfig
+    from heddle.model.executor import ModelExecutor, _RequestState, _Row
+
+    args.batch_invariant = True
+    cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
+    executor = ModelExecutor(ModelConfig(batch_invariant=True), cache)
+    tokenizer = executor.tokenizer
+    assert tokenizer is not None
+    configs = speculation_configs("ngram", args.k)
+    out: dict[str, Any] = {}
+
+    def set_variant(variant: str) -> None:
+        v = INVARIANCE_VARIANTS[variant]
+        executor.batch_invariant = bool(v["all_decode_path"])
+        executor.model.fused_enabled = bool(v["fused"])
+
+    def last_logits(prompt: list[int], chunks: list[int], table: list[int]) -> torch.Tensor:
+        state = _RequestState(list(prompt), len(prompt), table, SamplingParams(temperature=0.0),
+                              None)
+        start = 0
+        logits = None
+        with torch.inference_mode():
+            for n in chunks:
+                last = start + n == len(prompt)
+                _, logits = executor._forward(
+                    [_Row("p", prompt[start:start + n], start, last, state)])
+                start += n
+        assert logits is not None
+        return logits[-1]
+
+    prompt = real_prompts(tokenizer, "repetitive", 1)[0][:120]
+    blocks = (len(prompt) + 15) // 16
+    for variant in INVARIANCE_VARIANTS:
+        set_variant(variant)
+        whole = last_logits(prompt, [len(prompt)], list(range(blocks)))
+        chunked = last_logits(prompt, [16] * (len(prompt) // 16) + [len(prompt) % 16],
+                              list(range(blocks, 2 * blocks)))
+        # Blocks 0-1 hold the first 32 tokens' K/V from the whole prefill above: a cache hit.
+        table = [0, 1, *range(2 * blocks, 3 * blocks - 2)]
+        state = _RequestState(list(prompt), len(prompt), table, SamplingParams(temperature=0.0),
+                              None)
+        with torch.inference_mode():
+            _, hit = executor._forward([_Row("p", prompt[32:], 32, True, state)])
+        # The prompt's next token decoded (a decode-only step: fused layers where enabled)
+        # against the same row beside a prefill chunk (a mixed step: eager layers unless every
+        # token takes the decode path).
+        token = int(whole.argmax())
+        state = _RequestState([*prompt, token], len(prompt) + 1, list(range(blocks + 1)),
+                              SamplingParams(temperature=0.0), None)
+        other = _RequestState(list(prompt), len(prompt), list(range(3 * blocks, 4 * blocks)),
+                              SamplingParams(temperature=0.0), None)
+        with torch.inference_mode():
+            _, alone = executor._forward([_Row("d", [token], len(prompt), True, state)])
+            ordered, mixed = executor._forward([_Row("d", [token], len(prompt), True, state),
+                                                _Row("o", prompt[:40], 0, True, other)])
+        mixed_row = mixed[[r.request_id for r in ordered].index("d")]
+        out.setdefault("prefill", {})[variant] = {
+            "decode_alone_vs_beside_a_prefill": bool(torch.equal(alone[0], mixed_row)),
+            "chunks_of_16_vs_whole": bool(torch.equal(chunked, whole)),
+            "prefix_cache_hit_vs_whole": bool(torch.equal(hit[-1], whole)),
+            "max_abs_logit_difference": float(max((chunked - whole).abs().max(),
+                                                  (hit[-1] - whole).abs().max())),
+        }
+        print(f"  {variant}: prefill {out['prefill'][variant]}", flush=True)
+    counts: dict[str, Any] = {}
+    for streams in args.streams:
+        num = max(args.requests, args.per_stream * streams)
+        prompts = real_prompts(tokenizer, args.workload, num)
+        params = output_params(args, num)
+        for variant in INVARIANCE_VARIANTS:
+            set_variant(variant)
+            outputs: dict[str, dict[str, list[int]]] = {}
+            for name, spec, seats in [(n, s, streams) for n, s in configs.items()] + [
+                    ("off@1", configs["off"], 1)]:
+                engine = make_engine(executor, executor, cache, args.budget, seats, spec)
+                outputs[name] = closed_loop(engine, prompts, params, seats, time.perf_counter,
+                                            prefix=f"{streams}-{variant}-{name}-")["outputs"]
+                if engine.kv_cache.num_free_blocks != engine.kv_cache.num_blocks:
+                    raise RuntimeError("KV blocks left behind")
+            row = {name: sum(outputs[name][key] != outputs["off"][key] for key in outputs["off"])
+                   for name in outputs if name != "off"}
+            row["outputs"] = num
+            counts.setdefault(str(streams), {})[variant] = row
+            print(f"  streams={streams} {variant}: differ from off {row}", flush=True)
+    set_variant("invariant")
+    return {"mode": "invariance-causes", "workload": args.workload, "k": args.k,
+            "output_len": args.output_len, "vary_len": args.vary_len, "streams": args.streams,
+            "quantization": executor.quantization, "threads": torch.get_num_threads(),
+            "variants": INVARIANCE_VARIANTS, "differ_from_off": counts, "rows": [], **out}
+
+
+def run_steps(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a real run's time went, per streams, round and mode, from its saved result and
+    step log (results/speculation_real_{workload}{tag}.json; no model is run): steps, steps
+    with fewer rows than streams (a run's start and its drain, when fewer requests are left
+    than streams), the executor's seconds, the host's (the run's wall time less the executor's,
+    per step), the median step of `streams` rows without drafts, and the steps with drafts.
+    A run starts at a step that prefills `streams` whole prompts and decodes nothing."""
+    from heddle.model.step_log import load_steps
+
+    result = json.loads(Path(f"results/speculation_real_{args.workload}{args.tag}.json")
+                        .read_text())
+    steps, _ = load_steps(result["steps_log"])
+    modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
+    streams_list = list(dict.fromkeys(r["streams"] for r in result["rows"]))
+    runs: list[list[Any]] = []
+    for shape, seconds in steps:
+        prompts = shape.prefill_chunks
+        if not shape.num_decode_tokens and prompts and all(new == context and new > 16
+                                                           for new, context in prompts):
+            runs.append([])
+        runs[-1].append((shape, seconds))
+    if len(runs) != len(streams_list) * result["repeats"] * len(modes):
+        raise SystemExit(f"{len(runs)} runs in the step log, expected "
+                         f"{len(streams_list)} x {result['repeats']} x {len(modes)}")
+    by = {(r["streams"], r["mode"]): r for r in result["rows"]}
+    out: list[dict[str, Any]] = []
+    index = 0
+    for streams in streams_list:
+        for repeat in range(result["repeats"]):
+            for mode in modes:
+                run = runs[index]
+                index += 1
+                row = by[(streams, mode)]
+                # Results saved before output_tokens_runs: only the first round's count.
+                tokens = row.get("output_tokens_runs", [row["output_tokens"]])
+                if repeat >= len(tokens):
+                    continue
+                tokens_run = tokens[repeat]
+                wall = tokens_run / row["tokens_per_second_runs"][repeat]
+                executor = sum(seconds for _, seconds in run)
+                # A verify row is a short chunk past the prompt (its token and drafts).
+                verify = [(sh, t) for sh, t in run if any(new <= 17 and context > new
+                                                          for new, context in sh.prefill_chunks)]
+                full = [t for sh, t in run if sh.num_decode_tokens == streams
+                        and not sh.prefill_chunks]
+                rows_of = [sh.num_decode_tokens + len(sh.prefill_chunks) for sh, _ in run]
+                out.append({"streams": streams, "round": repeat, "mode": mode,
+                            "steps": len(run), "output_tokens": tokens_run,
+                            "steps_below_streams": sum(r < streams for r in rows_of),
+                            "executor_seconds": executor,
+                            "executor_ms_per_token": 1000 * executor / tokens_run,
+                            "host_ms_per_step": 1000 * (wall - executor) / len(run),
+                            "full_step_ms": 1000 * statistics.median(full) if full else None,
+                            "steps_with_drafts": len(verify)})
+                o = out[-1]
+                print(f"  streams={streams} #{repeat} {mode}: {o['steps']} steps "
+                      f"({o['steps_below_streams']} below {streams} rows, "
+                      f"{o['steps_with_drafts']} with drafts), {o['output_tokens']} tokens, "
+                      f"executor {executor:.2f} s ({o['executor_ms_per_token']:.2f} ms/token), host {o['host_ms_per_step']:.2f} ms/step, "
+                      f"full step {o['full_step_ms'] or 0:.1f} ms", flush=True)
+    return {"mode": "steps", "workload": args.workload, "tag": args.tag, "runs": out,
+            "greedy_mismatches_by_streams": result.get("greedy_mismatches_by_streams"),
             "rows": []}
 
 
@@ -642,7 +823,7 @@ def _ints(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("mode", choices=["sim", "real", "fit", "invariance", "kernels",
-                                         "invariant-cost"])
+                                         "invariant-cost", "invariance-causes", "steps"])
     parser.add_argument("--streams", type=_ints, default=[1, 4, 16, 64])
     parser.add_argument("--k", type=int, default=4, help="the most drafts per request and step")
     parser.add_argument("--requests", type=int, default=8, help="at least this many requests")
@@ -686,7 +867,8 @@ def main() -> None:
     if args.budget is None:
         args.budget = 8192 if args.mode == "sim" else 512
     run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance,
-           "kernels": run_kernels, "invariant-cost": run_invariant_cost}
+           "kernels": run_kernels, "invariant-cost": run_invariant_cost,
+           "invariance-causes": run_causes, "steps": run_steps}
     result = run[args.mode](args)
     model, flags = cpuinfo()
     result["machine"] = machine_line()
@@ -709,7 +891,9 @@ def main() -> None:
     Path("results").mkdir(exist_ok=True)
     name = {"sim": "sim", "invariance": f"invariance_{args.workload}{args.tag}",
             "kernels": f"kernels{args.tag}",
-            "invariant-cost": f"invariant_cost_{args.workload}{args.tag}"}.get(
+            "invariant-cost": f"invariant_cost_{args.workload}{args.tag}",
+            "invariance-causes": f"invariance_causes_{args.workload}{args.tag}",
+            "steps": f"steps_{args.workload}{args.tag}"}.get(
         args.mode, f"real_{args.workload}{args.tag}")
     Path(f"results/speculation_{name}.json").write_text(json.dumps(result, indent=1))
 

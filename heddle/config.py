@@ -26,8 +26,10 @@ class ModelConfig:
         "time auto's kernels again at load instead of using this machine's cached plan "
         "($HEDDLE_TUNING_CACHE, else ~/.cache/heddle/tuning)")})
     # Every row computes what it would alone, whatever else is in the step (one linear kernel
-    # for every row count, 32 rows per call: heddle/model/batch_invariant.py): greedy outputs
-    # then do not depend on batching, with or without speculation; slower on CPU.
+    # for every row count, 32 rows per call; every token attended by the C decode kernel, one
+    # query row at a time, whatever its prompt's chunking or cached prefix:
+    # heddle/model/batch_invariant.py): greedy outputs then do not depend on batching, with or
+    # without speculation; slower on CPU.
     batch_invariant: bool = field(default=False, metadata={"help": (
         "batch-invariant linears: a row's logits do not depend on what else is in the step, "
         "so greedy outputs are the same at any batch, with or without speculation (slower)")})

@@ -13,11 +13,16 @@ things make them depend (`benchmarks/speculation.py kernels` measures both per k
 
 `make_batch_invariant` replaces every linear of a network by a `RowTiledLinear`: one kernel for
 every row count (the float path where a layer has one), called on at most ROW_TILE rows at a
-time. With the C decode attention (one row and head at a time) and the per-row C norms, every
-row of a decode or verify step then computes what it would alone. It costs the quantized
-kernels' speed at few rows and a call per 32 rows (`ModelConfig.batch_invariant`; the cost
-is in docs/SPECULATION.md). A prompt's own K/V still depend on how it was chunked (the
-prefill attention over a chunk), so prompts are only invariant when prefilled alike.
+time. With `ModelConfig.batch_invariant` the executor also puts every token of a step on the
+decode path (ModelExecutor._on_decode_path): each token, prefill chunks included, is attended
+by the C decode kernel over its context up to itself, one query row and KV head at a time in
+a fixed order, instead of SDPA over its chunk (whose rounding depends on the chunk's length
+and on whether its prefix came from the cache: 0.6 apart in the logits,
+`benchmarks/speculation.py invariance-causes`). Every step is then decode-only, so every row
+runs the same layers (the fused C ones where the model has them), and with the per-row C norms
+a token's hidden states depend only on the tokens before it. It costs the quantized kernels'
+speed at few rows, a call per 32 rows and a prefill attended one query at a time
+(docs/SPECULATION.md); it needs the C decode kernel (a CPU float32 / bf16 model).
 """
 
 from __future__ import annotations

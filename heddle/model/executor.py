@@ -94,6 +94,10 @@ class ModelExecutor:
             self.kv_caches[0], spec.num_heads
         ):
             backend.decode_kernel = None
+        if self.batch_invariant and backend.decode_kernel is None:
+            raise HeddleError(
+                "batch_invariant needs the C decode attention (a CPU float32 or bfloat16 "
+                "model with a C compiler): every token is attended by it, one row at a time")
         self.sampler = Sampler(self.device)
         self.tier = HostTier.for_caches(self.kv_caches, cache_config.offload_blocks)
         # Per request id: its tokens, block table and sampling parameters (the contract sends
@@ -307,8 +311,13 @@ class ModelExecutor:
 
     def _on_decode_path(self, row: _Row) -> bool:
         """One token, or a verify row (a few known tokens and its drafts) when
-        `verify_on_decode_path`: attended by the decode kernel, not as a prefill chunk."""
-        if len(row.token_ids) == 1:
+        `verify_on_decode_path`: attended by the decode kernel, not as a prefill chunk.
+        Batch-invariant: every row, prefill chunks too (each token attends through the decode
+        kernel over its context up to itself, one query row at a time, so its result does not
+        depend on how its prompt was chunked or which of it came from the prefix cache; and
+        every step is decode-only, so every row runs the same layers, the fused ones where
+        the model has them)."""
+        if len(row.token_ids) == 1 or self.batch_invariant:
             return True
         return (self.verify_on_decode_path and row.num_drafts > 0
                 and len(row.token_ids) <= MAX_DECODE_PATH_TOKENS)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from heddle.config import CacheConfig, ModelConfig, SpeculativeConfig
+from heddle.errors import HeddleError
 from heddle.model.batch_invariant import ROW_TILE, RowTiledLinear
 from heddle.model.executor import ModelExecutor, _RequestState, _Row
 from heddle.model.layers import Linear
@@ -144,3 +145,99 @@ def test_batched_greedy_speculation_is_exact(invariant_executor):
     # the six differs here from its batched run (1 torch thread, this machine).
     alone, _ = _generate(executor, SpeculativeConfig(method="off"), 1, prompts, 24)
     assert alone == off
+
+
+def _last_logits(executor: ModelExecutor, prompt: list[int], chunks: list[int], table: list[int],
+                 start: int = 0) -> torch.Tensor:
+    """The logits of `prompt`'s last token, its tokens from `start` on computed in steps of
+    `chunks` tokens (the K/V of tokens before `start` already in the table's blocks)."""
+    state = _RequestState(list(prompt), len(prompt), table, GREEDY, None)
+    logits = None
+    with torch.inference_mode():
+        for n in chunks:
+            _, logits = executor._forward([_Row("p", prompt[start:start + n], start,
+                                                start + n == len(prompt), state)])
+            start += n
+    assert logits is not None and start == len(prompt)
+    return logits[-1]
+
+
+def test_a_prompts_logits_do_not_depend_on_its_chunking_or_the_prefix_cache(invariant_executor):
+    """A 45-token prompt's last logits: prefilled at once, in chunks of 16 + 16 + 13, in
+    chunks of 7 beside another request's decode, and with its first 32 tokens' K/V taken from
+    another prefill's blocks (a prefix-cache hit) are bit for bit the same, and equal the
+    logits of decoding its last token. (Attention over a prefill chunk -- SDPA over the chunk,
+    or over a gathered cached prefix -- gave other bits: 0.6 apart in the logits.)"""
+    executor = invariant_executor
+    prompt = PROMPTS[0] + PROMPTS[1] + PROMPTS[4] + [7144, 253, 1790, 30, 504]
+    assert len(prompt) == 45
+    whole = _last_logits(executor, prompt, [45], [40, 41, 42])
+    assert torch.equal(_last_logits(executor, prompt, [16, 16, 13], [43, 44, 45]), whole)
+    # Blocks 40 and 41 hold tokens 0..31 of the whole prefill: the cache hit.
+    assert torch.equal(_last_logits(executor, prompt, [13], [40, 41, 46], start=32), whole)
+    assert torch.equal(_last_logits(executor, prompt, [44, 1], [47, 48, 49]), whole)
+    other = _prefilled(executor)[2]
+    state = _RequestState(list(prompt), len(prompt), [50, 51, 52], GREEDY, None)
+    start = 0
+    with torch.inference_mode():
+        while start < len(prompt):
+            n = min(7, len(prompt) - start)
+            decode = _Row("r2", [PROMPTS[2][-1]], len(PROMPTS[2]) - 1, True, other)
+            ordered, logits = executor._forward(
+                [decode, _Row("p", prompt[start:start + n], start, start + n == 45, state)])
+            start += n
+    assert [r.request_id for r in ordered] == ["r2", "p"]
+    assert torch.equal(logits[-1], whole)
+
+
+def test_greedy_speculation_is_exact_across_chunking_and_the_prefix_cache(invariant_executor):
+    """Six prompts of 43-51 tokens that share their first 32 (two blocks), a 16-token step
+    budget (every prompt prefilled in several chunks, beside other requests' decodes and
+    verify rows), greedy, 12 tokens: prompt lookup with fixed and adaptive K gives the outputs
+    of the run without it at 3 and 6 seats, and those of each request alone; later prompts
+    are served from the prefix cache; no KV is left behind."""
+    executor = invariant_executor
+    shared = PROMPTS[3] + PROMPTS[2][:14]
+    assert len(shared) == 32
+    prompts = [shared + p[:19] for p in PROMPTS[:4]] + [shared + PROMPTS[4], shared + PROMPTS[2]]
+
+    def run(spec: SpeculativeConfig, seats: int) -> tuple[list[list[int]], object]:
+        from heddle.engine.engine import Engine
+        from heddle.engine.llm import build_config
+
+        config = build_config(max_num_seqs=seats, block_size=16, num_blocks=executor.num_blocks,
+                              max_num_batched_tokens=16, speculation=spec)
+        engine = Engine(config, executor, num_blocks=executor.num_blocks,
+                        tokenizer=executor.tokenizer, eos_token_id=executor.eos_token_id,
+                        max_model_len=executor.max_model_len,
+                        vocab_size=executor.model_shape.vocab_size)
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, params)
+        outputs: dict[str, list[int]] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+        return [outputs[str(i)] for i in range(len(prompts))], engine
+
+    assert all(len(p) > 16 for p in prompts)  # no prompt fits one step: all chunked
+    alone, _ = run(SpeculativeConfig(method="off"), 1)
+    for seats in (3, 6):
+        off, engine = run(SpeculativeConfig(method="off"), seats)
+        assert engine.kv_cache.prefix_hits >= 32  # some prompt found the shared blocks
+        assert off == alone
+        for adaptive in (False, True):
+            spec_out, engine = run(SpeculativeConfig(method="ngram", num_draft_tokens=4,
+                                                     adaptive=adaptive), seats)
+            if not adaptive:
+                speculator = engine.scheduler.speculator
+                assert speculator is not None and speculator.acceptance.num_drafted > 0
+            assert spec_out == off, (seats, adaptive)
+
+
+def test_batch_invariant_needs_the_decode_kernel():
+    with pytest.raises(HeddleError, match="decode attention"):
+        ModelExecutor(ModelConfig(batch_invariant=True), CacheConfig(block_size=16, num_blocks=8),
+                      use_decode_kernel=False)
