@@ -186,10 +186,11 @@ def test_a_prompts_logits_do_not_depend_on_its_chunking_or_the_prefix_cache(inva
             ordered, logits = executor._forward(
                 [decode, _Row("p", prompt[start:start + n], start, start + n == 45, state)])
             start += n
-    assert [r.request_id for r in ordered] == ["r2", "p"]
-    assert torch.equal(logits[-1], whole)
+    # One logits row per sampling row, in the order the rows were laid out.
+    assert torch.equal(logits[[r.request_id for r in ordered if r.sample].index("p")], whole)
 
 
+@pytest.mark.slow
 def test_greedy_speculation_is_exact_across_chunking_and_the_prefix_cache(invariant_executor):
     """Six prompts of 43-51 tokens that share their first 32 (two blocks), a 16-token step
     budget (every prompt prefilled in several chunks, beside other requests' decodes and
