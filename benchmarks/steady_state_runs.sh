@@ -10,6 +10,7 @@
 #   BG=1 /work/tools/bg LOG benchmarks/steady_state_runs.sh long   # reasoning, multi-tenant 10k-30k
 #   benchmarks/steady_state_runs.sh burst        # bursts apart from sustained overload
 #   benchmarks/steady_state_runs.sh slack        # target 3: the shedder's slack and the tail
+#   BG=1 /work/tools/bg LOG benchmarks/steady_state_runs.sh target2   # fcfs + shedder, 3k-30k
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-/work/tools/py}
@@ -97,5 +98,30 @@ case "${1:-}" in
           --num-requests 3000 --seeds 0,1,2 --name "slack_${w}_${p}"
       done
     done ;;
-  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|long|burst|slack" >&2; exit 2 ;;
+  target2)
+    # Target 2 for fcfs with the shedder's room for the classes behind (heddle/core/admission.py):
+    # every workload at 1x and 3x over 30,000 requests, reasoning also at 3,000 (3 seeds) and
+    # 10,000, and priority on reasoning (target 3) at 30,000. Two streams, one process each.
+    a() {
+      piece study --workloads reasoning --policies fcfs --variants shed --loads 1,1.5,3 \
+        --num-requests 3000 --seeds 0,1,2 --name shed2_reasoning_fcfs
+      piece study --workloads reasoning --policies fcfs --variants shed --loads 1.5,3 \
+        --num-requests 10000 --seeds 0 --name shed2_reasoning_fcfs_10000
+      piece study --workloads reasoning --policies fcfs --variants shed --loads 1,3,1.5 \
+        --num-requests 30000 --seeds 0 --name shed2_reasoning_fcfs_30000
+      piece study --workloads reasoning --policies priority --variants shed --loads 3,1.5 \
+        --num-requests 30000 --seeds 0 --name shed2_reasoning_priority_30000
+    }
+    b() {
+      piece study --workloads long-prompt --policies fcfs --variants shed --loads 1,3 \
+        --num-requests 30000 --seeds 0 --name shed2_long-prompt_fcfs_30000
+      piece study --workloads long-prompt --policies fcfs --variants shed --loads 1,1.5,3 \
+        --num-requests 3000 --seeds 0,1,2 --name shed2_long-prompt_fcfs
+      for w in chat multi-tenant; do
+        piece study --workloads $w --policies fcfs --variants shed --loads 1,3 \
+          --num-requests 30000 --seeds 0 --name shed2_${w}_fcfs_30000
+      done
+    }
+    a & b & wait ;;
+  *) echo "usage: $0 study|throughput [N SEEDS]|horizon|long|burst|slack|target2" >&2; exit 2 ;;
 esac

@@ -62,6 +62,11 @@ class ClassAdmission:
     refused: dict[str, int] = field(default_factory=dict)  # by reason
     predicted_ttft_sum: float = 0.0  # over refused requests with a prediction
     num_ahead_sum: int = 0  # waiting requests ahead of refused ones
+    ahead_by_class: dict[str, int] = field(default_factory=dict)  # those, by their class
+    # Decisions taken against a tighter class's target (room for the classes behind), and
+    # how many of them refused.
+    held_to_tighter: int = 0
+    refused_held_to_tighter: int = 0
 
     @property
     def num_refused(self) -> int:
@@ -77,6 +82,13 @@ class ClassAdmission:
             "refused_by_reason": dict(sorted(self.refused.items())),
             "mean_predicted_ttft": self.predicted_ttft_sum / refused if refused else None,
             "mean_queue_ahead": self.num_ahead_sum / refused if refused else None,
+            "mean_queue_ahead_by_class": {
+                cls: num / refused for cls, num in sorted(self.ahead_by_class.items())
+            }
+            if refused
+            else {},
+            "held_to_tighter_target": self.held_to_tighter,
+            "refused_held_to_tighter_target": self.refused_held_to_tighter,
         }
 
 
@@ -205,6 +217,10 @@ class SLOAdmission(Admission):
             raise HeddleError("admission slo: window_seconds must be > 0, min_observed >= 0")
         self.slack = float(slack)
         self.ttft_slo = ttft_slo
+        self.window_seconds = float(window_seconds)
+        # class -> (the tightest TTFT target of a newcomer that found a request of this class
+        # ranked ahead of it, when that was last seen)
+        self._behind: dict[str, tuple[float, float]] = {}
         self.min_observed_seconds = float(min_observed_seconds)
         # decayed: departures, steps, decode tokens, the steps' token budgets
         self._rates = _Decayed(window_seconds, 4)
@@ -251,10 +267,21 @@ class SLOAdmission(Admission):
     def predict_ttft(self, request: Request, state: SchedulerState) -> tuple[float, str, int]:
         """(predicted TTFT in seconds, what it waits for: "seats", "prefill" or "stalled",
         queue ahead)."""
+        predicted, reason, ahead = self._predict(request, state, self._ahead(request, state))
+        return predicted, reason, len(ahead)
+
+    @staticmethod
+    def _ahead(request: Request, state: SchedulerState) -> list[Request]:
+        """The waiting requests the policy ranks ahead of `request` now."""
         policy = state.policy
         now = state.now
         key = policy.sort_key(request, now)
-        ahead = [r for r in state.waiting if policy.sort_key(r, now) < key]
+        return [r for r in state.waiting if policy.sort_key(r, now) < key]
+
+    def _predict(
+        self, request: Request, state: SchedulerState, ahead: list[Request]
+    ) -> tuple[float, str, list[Request]]:
+        now = state.now
         step_time = self.step_time
         per_step = self.prefill_per_step(state.token_budget)
         # Prefill work before its first token: everything ahead of it, running prefills, its own.
@@ -280,10 +307,10 @@ class SLOAdmission(Admission):
         )
         best = max(seat_ttft, prefill_wait, stalled)
         if best == stalled and stalled > 0:
-            return stalled, "stalled", len(ahead)
+            return stalled, "stalled", ahead
         if seat_ttft >= prefill_wait:
-            return seat_ttft, "seats", len(ahead)
-        return prefill_wait, "prefill", len(ahead)
+            return seat_ttft, "seats", ahead
+        return prefill_wait, "prefill", ahead
 
     @staticmethod
     def _can_evict(request: Request, state: SchedulerState) -> bool:
@@ -297,22 +324,54 @@ class SLOAdmission(Admission):
             return False
         return state.guard is None or state.guard.why_not(victim, state.now) is None
 
+    def _target(self, request: Request) -> float | None:
+        return request.ttft_slo if request.ttft_slo is not None else self.ttft_slo
+
+    def _limit_target(self, request: Request, target: float, now: float) -> float:
+        """The target `request` is admitted against: its own, or the tighter one of a class
+        whose newcomers recently found requests of its class ranked ahead of them."""
+        behind = self._behind.get(request.request_class)
+        if behind is None or now - behind[1] > self.window_seconds:
+            return target
+        return min(target, behind[0])
+
+    def _note_ahead(self, target: float, ahead: Sequence[Request], now: float) -> None:
+        """A newcomer with TTFT target `target` has `ahead` ranked ahead of it: each looser
+        class among them must leave it room (for `window_seconds` from now)."""
+        looser = {r.request_class for r in ahead if (self._target(r) or 0.0) > target}
+        for cls in looser:
+            seen = self._behind.get(cls)
+            fresh = seen is not None and now - seen[1] <= self.window_seconds
+            self._behind[cls] = (min(target, seen[0]) if fresh and seen else target, now)
+
     def decide(self, request: Request, state: SchedulerState) -> Refusal | None:
-        target = request.ttft_slo if request.ttft_slo is not None else self.ttft_slo
+        target = self._target(request)
         if target is None or self._rates.time < self.min_observed_seconds:
             return None
-        predicted, reason, num_ahead = self.predict_ttft(request, state)
-        limit = self.slack * target
+        now = state.now
+        ahead = self._ahead(request, state)
+        self._note_ahead(target, ahead, now)
+        limit_target = self._limit_target(request, target, now)
+        predicted, reason, ahead = self._predict(request, state, ahead)
+        stats = self.classes[request.request_class]
+        held = limit_target < target
+        stats.held_to_tighter += held
+        limit = self.slack * limit_target
         if predicted <= limit:
             return None
-        self.classes[request.request_class].num_ahead_sum += num_ahead
+        stats.refused_held_to_tighter += held
+        stats.num_ahead_sum += len(ahead)
+        for r in ahead:
+            stats.ahead_by_class[r.request_class] = stats.ahead_by_class.get(r.request_class, 0) + 1
         retry = predicted - limit if math.isfinite(predicted) else 10 * target
+        why = f"the {target:g} s target of class {request.request_class!r}"
+        if held:
+            why = f"the {limit_target:g} s target of a class behind it (its own {target:g} s)"
         return Refusal(
             reason,
             f"overloaded: predicted time to first token {_seconds(predicted)} exceeds "
-            f"{limit:.2f} s ({self.slack:g} x the {target:g} s target of class "
-            f"{request.request_class!r}; {num_ahead} requests ahead, waiting for {reason}); "
-            "retry later",
+            f"{limit:.2f} s ({self.slack:g} x {why}; {len(ahead)} requests ahead, waiting for "
+            f"{reason}); retry later",
             retry,
             predicted,
         )

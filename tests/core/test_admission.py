@@ -189,3 +189,57 @@ def test_the_prefill_capacity_is_the_budget_the_policy_gave() -> None:
         output = step(*[scheduled(f"d{k}", 1, 10, num_prompt_tokens=5) for k in range(2)])
         admission.observe_step(0.02 * (i + 1), 0.02, output, 0, token_budget=12)
     assert admission.prefill_per_step(32) == pytest.approx(10.0)
+
+
+def _two_classes(policy: str, now: float):
+    """30 loose (2 s target, priority 1) requests waiting, both seats held by decodes."""
+    running = [create_request(f"run{i}", priority=0) for i in range(2)]
+    for r in running:
+        r.num_computed_tokens = r.num_tokens
+    loose = [
+        create_request(
+            f"loose{i}", arrival_time=now - 0.01, priority=1, ttft_slo=2.0, request_class="long"
+        )
+        for i in range(30)
+    ]
+    return _state(loose, running, policy=policy, now=now)
+
+
+def _newcomer(name: str, now: float, tight: bool):
+    return create_request(
+        name,
+        arrival_time=now,
+        priority=0 if tight else 1,
+        ttft_slo=0.5 if tight else 2.0,
+        request_class="short" if tight else "long",
+    )
+
+
+def test_a_loose_class_leaves_room_for_the_tighter_class_behind_it() -> None:
+    # fcfs: the 30 loose requests are ahead of every newcomer, so a short newcomer is predicted
+    # 31 seats / 50 per s + one 20 ms step = 0.64 s > 0.5: refused. A loose newcomer, predicted
+    # the same, is within its own 2 s target but would add its seat to the wait of the short
+    # requests behind it: it is held to their 0.5 s (before: admitted at 0.64 s).
+    admission = _observed(1, 0.02, 2, 100)
+    state = _two_classes("fcfs", now=1.0)
+    assert admission.check(_newcomer("s", 1.0, tight=True), state).reason == "seats"
+    refusal = admission.check(_newcomer("l", 1.0, tight=False), state)
+    assert refusal is not None and refusal.predicted_ttft == pytest.approx(31 / 50 + 0.02)
+    assert "0.5 s target of a class behind it" in refusal.message
+    report = admission.report()
+    assert report["long"]["held_to_tighter_target"] == 1
+    assert report["long"]["refused_held_to_tighter_target"] == 1
+    assert report["short"]["mean_queue_ahead_by_class"] == {"long": 30.0}
+    # Once no short newcomer has found a loose request ahead for window_seconds (5 s), the
+    # loose class is back to its own target.
+    assert admission.check(_newcomer("l2", 6.5, tight=False), _two_classes("fcfs", 6.5)) is None
+
+
+def test_an_order_that_serves_the_tight_class_first_keeps_the_loose_target() -> None:
+    # priority: a short newcomer ranks ahead of the 30 loose requests (none ahead of it), so
+    # the loose class delays no one tighter and is admitted against its own 2 s target.
+    admission = _observed(1, 0.02, 2, 100)
+    state = _two_classes("priority", now=1.0)
+    assert admission.check(_newcomer("s", 1.0, tight=True), state) is None
+    assert admission.check(_newcomer("l", 1.0, tight=False), state) is None
+    assert admission.report()["long"]["held_to_tighter_target"] == 0
