@@ -392,6 +392,35 @@ def throughput_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def missing_points(
+    rows: Sequence[dict[str, Any]],
+    workloads: Sequence[str],
+    loads: Sequence[float],
+    policies: Sequence[str],
+) -> str:
+    """Which (workload, load, policy) points of the grid have no row at default options, per
+    number of requests in `rows` (target 1: every policy x workload x load)."""
+    have: dict[int, set[tuple[str, float, str]]] = {}
+    for row in rows:
+        p = row["point"]
+        if p["variant"] == "default" and not p.get("policy_options"):
+            have.setdefault(p["num_requests"], set()).add((p["workload"], p["load"], p["policy"]))
+    lines = []
+    for n, done in sorted(have.items()):
+        grid = [(w, load, pol) for w in workloads for load in loads for pol in policies]
+        missing = [point for point in grid if point not in done]
+        head = f"{n} requests: {len(grid) - len(missing)} of {len(grid)} points done"
+        if not missing:
+            lines.append(head + ", none missing.")
+            continue
+        by: dict[tuple[str, float], list[str]] = {}
+        for w, load, pol in missing:
+            by.setdefault((w, load), []).append(pol)
+        parts = [f"{w} at {load:g}x: {', '.join(pols)}" for (w, load), pols in by.items()]
+        lines.append(head + "; missing: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
 def phase_table(rows: Sequence[dict[str, Any]]) -> str:
     """Bursty arrivals: one line per (workload, policy, variant, arrival, phase)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -431,6 +460,7 @@ def _options(text: str) -> tuple[tuple[str, Any], ...]:
 
 
 DEFAULT_POLICIES = "fcfs,priority,slo,sjf,oracle,mlfq,fair,lanes,adaptive,plas"
+GRID_WORKLOADS = ("long-prompt", "chat", "reasoning", "multi-tenant")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -466,6 +496,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("files", nargs="+", type=Path)
     r.add_argument("--by", default="load", choices=["load", "num_requests", "throughput", "phase"])
     r.add_argument("--load", type=float, default=None, help="only the rows at this load")
+    r.add_argument(
+        "--grid",
+        action="store_true",
+        help="with --by throughput: also list the points of target 1's grid (every workload x "
+        "load 1.5, 3 x policy, default options) that have no row",
+    )
     for p in (h, s, t, b):
         p.add_argument("--seeds", type=_ints, default=[0, 1, 2])
         p.add_argument("--policy-options", type=_options, default=(), help="k=v,... for all")
@@ -475,11 +511,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "table":
         rows = [row for f in args.files for row in json.loads(f.read_text())["rows"]]
+        # One row per point: the same point saved in two files (a rerun) counts once.
+        rows = list({json.dumps(row["point"], sort_keys=True): row for row in rows}.values())
         if args.load is not None:
             rows = [row for row in rows if row["point"]["load"] == args.load]
         machines = sorted({json.loads(f.read_text())["machine"] for f in args.files})
         print(f"<!-- {' '.join(str(f) for f in args.files)}; {'; '.join(machines)} -->")
         print(_render(rows, args.by))
+        if args.grid:
+            print()
+            print(missing_points(rows, GRID_WORKLOADS, (1.5, 3.0), DEFAULT_POLICIES.split(",")))
         return 0
     policies = args.policies.split(",")
     variants = args.variants.split(",")

@@ -66,3 +66,30 @@ def test_bursts_are_reported_per_phase(tmp_path):
     assert "| chat | fcfs | default | " + arrival + " | burst | 1 |" in steady_state.phase_table(
         [row]
     )
+
+
+def test_the_grid_lists_what_is_missing():
+    import steady_state
+
+    def row(workload, load, policy, variant="default", options=()):
+        point = steady_state.Point(workload, policy, variant, load, 30000, 0, True)
+        point_dict = steady_state.asdict(point)
+        point_dict["policy_options"] = list(options)
+        return {"point": point_dict}
+
+    rows = [
+        row("chat", 1.5, "fcfs"),
+        row("chat", 3.0, "fcfs"),
+        row("chat", 3.0, "lanes", options=[("long_delay_seconds", 10)]),  # not default options
+        row("chat", 1.5, "lanes", variant="shed"),  # not the default variant
+    ]
+    text = steady_state.missing_points(rows, ("chat",), (1.5, 3.0), ("fcfs", "lanes"))
+    assert (
+        text
+        == "30000 requests: 2 of 4 points done; missing: chat at 1.5x: lanes; chat at 3x: lanes."
+    )
+    rows.append(row("chat", 1.5, "lanes"))
+    rows.append(row("chat", 3.0, "lanes"))
+    assert steady_state.missing_points(rows, ("chat",), (1.5, 3.0), ("fcfs", "lanes")) == (
+        "30000 requests: 4 of 4 points done, none missing."
+    )
