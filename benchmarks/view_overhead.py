@@ -10,7 +10,17 @@ time from the end of the oldest step it newly draws (on the engine) to the page 
 it, split into the step's wait in the server's store for the next stream message, the
 message's way to the page, and the page's wait for and time of its redraw.
 
+With `--isolate-cpus` (a machine of at least two CPUs) the engine core gets a CPU of its own in
+both arms: its process and every thread of it pinned to the first CPU, one torch thread
+(`--num-threads 1`); this script, and so everything it starts (the server's front end, the
+bench client, Chromium), stays on the second. What the open dashboard then costs the engine
+is what it adds to the core itself (the view probe's rows and decision events ride in every
+step batch whether or not a page is open; the front end keeps them in its store and encodes
+the page's stream), not the browser's redraws taking the core's CPU, as with a browser on
+another machine.
+
     /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 3
+    /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 5 --isolate-cpus
 """
 
 from __future__ import annotations
@@ -59,6 +69,38 @@ def server_processes(server: subprocess.Popen[bytes]) -> dict[str, list[psutil.P
     """The front end (the `heddle serve` process) and its engine core (its child)."""
     front = psutil.Process(server.pid)
     return {"front_end": [front], "core": front.children(recursive=True)}
+
+
+def pin_threads(process: psutil.Process, cpus: set[int]) -> list[int]:
+    """Pin every thread of `process` (sched_setaffinity on a pid sets one thread only); returns
+    the thread ids that are not on `cpus` afterwards (empty when pinning took)."""
+    for thread in process.threads():
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except OSError:  # a thread that ended meanwhile
+            continue
+    stray = []
+    for thread in process.threads():
+        try:
+            if os.sched_getaffinity(thread.id) != cpus:
+                stray.append(thread.id)
+        except OSError:
+            continue
+    return stray
+
+
+def isolate_core(server: subprocess.Popen[bytes], core_cpu: int) -> int:
+    """Move the engine core's processes (all their threads) to `core_cpu`; returns how many
+    threads now run there. Raises if a thread would not move."""
+    moved = 0
+    for process in server_processes(server)["core"]:
+        stray = pin_threads(process, {core_cpu})
+        if stray:
+            raise SystemExit(f"could not pin the engine core's threads {stray} to CPU {core_cpu}")
+        moved += process.num_threads()
+    if not moved:
+        raise SystemExit("--isolate-cpus: the server has no engine core process to pin")
+    return moved
 
 
 def browser_processes() -> list[psutil.Process]:
@@ -113,7 +155,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     parser.add_argument("--output", default="results/view_overhead.json")
+    parser.add_argument(
+        "--isolate-cpus",
+        action="store_true",
+        help="the engine core alone on the first CPU (one torch thread), everything else on "
+        "the second, in both arms",
+    )
     args = parser.parse_args()
+    core_cpu: int | None = None
+    if args.isolate_cpus:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            raise SystemExit("--isolate-cpus needs at least two CPUs")
+        core_cpu, rest = cpus[0], set(cpus[1:2])
+        # Everything this script starts inherits this: front end, bench client, Chromium.
+        os.sched_setaffinity(0, rest)
 
     from playwright.sync_api import sync_playwright
 
@@ -124,7 +180,8 @@ def main() -> None:
     base_url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "heddle", "serve", "--port", str(port), "--log-level", "warning",
-         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "512"],
+         "--max-num-seqs", str(args.concurrency), "--max-num-batched-tokens", "512",
+         *(["--num-threads", "1"] if args.isolate_cpus else [])],
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     rounds: list[dict[str, Any]] = []
@@ -133,11 +190,16 @@ def main() -> None:
     try:
         wait_healthy(server, base_url)
         print(f"server healthy ({time.strftime('%H:%M:%S')})", flush=True)
+        if core_cpu is not None:
+            threads = isolate_core(server, core_cpu)
+            print(f"engine core: {threads} threads pinned to CPU {core_cpu}", flush=True)
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             # Warm-up round (first-step compilation, allocator), not counted.
             bench_round(base_url, args, "warmup", Path(tmp))
             print(f"warm-up round done ({time.strftime('%H:%M:%S')})", flush=True)
+            if core_cpu is not None:  # threads the first steps started (none expected)
+                isolate_core(server, core_cpu)
             for i in range(args.rounds):
                 for arm in ("closed", "open") if i % 2 == 0 else ("open", "closed"):
                     page = None
@@ -166,6 +228,8 @@ def main() -> None:
                         lags.extend(stats["lags"])
                         parts.extend(stats["lagParts"])
                         page.close()
+                    if core_cpu is not None:  # still where it was put (raises if not)
+                        isolate_core(server, core_cpu)
                     rounds.append(result)
                     cpu = result["cpu_s"]
                     print(
@@ -201,6 +265,8 @@ def main() -> None:
     lag_parts = {name: quantiles([p[i] for p in parts]) for i, name in enumerate(names)}
     summary = {
         "machine": machine_line(),
+        "isolate_cpus": args.isolate_cpus,
+        "core_cpu": core_cpu,
         "concurrency": args.concurrency,
         "rounds": args.rounds,
         "throughput_closed": closed,
@@ -227,7 +293,10 @@ def main() -> None:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
     print(
-        f"{summary['machine']}\nmedian output throughput: closed {closed:.1f} tok/s, open "
+        f"{summary['machine']}\n"
+        + (f"engine core alone on CPU {core_cpu} (1 thread), the rest on the other\n"
+           if core_cpu is not None else "")
+        + f"median output throughput: closed {closed:.1f} tok/s, open "
         f"{opened:.1f} tok/s ({100 * summary['slowdown']:+.2f}% slower with the dashboard open); "
         f"TPOT {1000 * tpot_closed:.1f} vs {1000 * tpot_open:.1f} ms\n"
         f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
