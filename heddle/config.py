@@ -59,8 +59,13 @@ class CacheConfig:
     # move paused sessions' KV (host memory beside a GPU pool, a buffer outside the pool on
     # CPU); 0: none.
     offload_blocks: int = 0
+    # The prefix cache's block hash (heddle/core/block_hash.py): "sha256" (safe against
+    # crafted prompts), or "builtin" (Python's tuple hash, ~4x cheaper; the simulator's).
+    block_hash: Literal["sha256", "builtin"] = "sha256"
 
     def __post_init__(self) -> None:
+        if self.block_hash not in ("sha256", "builtin"):
+            raise HeddleError(f"block_hash must be sha256 or builtin, got {self.block_hash!r}")
         if self.offload_blocks < 0:
             raise HeddleError("offload_blocks must be >= 0")
         if self.block_size < 1:

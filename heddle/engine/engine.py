@@ -81,6 +81,7 @@ class Engine:
             config.cache.block_size,
             config.cache.enable_prefix_caching,
             namespace=kv_namespace,
+            block_hash=config.cache.block_hash,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv_cache, self.clock, policy)
         sessions = self.scheduler.sessions

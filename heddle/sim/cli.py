@@ -60,7 +60,13 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("scheduler and KV cache")
     add_config_arguments(s, SchedulerConfig, defaults=SIM_DEFAULTS)
     # The KV pool is sized from the hardware's memory (or --num-blocks), not a memory budget.
-    add_config_arguments(s, CacheConfig, helps=SIM_HELP, exclude={"kv_cache_memory_gb"})
+    add_config_arguments(
+        s,
+        CacheConfig,
+        defaults={"block_hash": "builtin"},
+        helps=SIM_HELP,
+        exclude={"kv_cache_memory_gb"},
+    )
     o = p.add_argument_group("report")
     o.add_argument("--slo", default=None, help="goodput targets, e.g. ttft=0.5,tpot=0.05")
     o.add_argument("--output-dir", default=None, help="write JSON and PNGs here")

@@ -5,8 +5,10 @@ import struct
 
 import pytest
 
+from heddle.config import CacheConfig
 from heddle.core import block_hash
 from heddle.core.kv_cache import KVCacheManager
+from heddle.errors import HeddleError
 from tests.core import kv_ops
 
 
@@ -162,6 +164,33 @@ def test_salts_and_namespaces_separate_cache_entries():
     assert block_hash.block_hashes(tokens, 4, "model-a") != block_hash.block_hashes(
         tokens, 4, "model-b"
     )
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "builtin"])
+def test_both_block_hashes_separate_prefixes_salts_and_namespaces(algorithm: str) -> None:
+    """The simulator's builtin hash keys blocks by the same chain (parent, tokens), salted."""
+    kv = KVCacheManager(num_blocks=16, block_size=2, namespace="m", block_hash=algorithm)
+    a = [1, 2, 3, 4, 5]
+    assert kv_ops.allocate(kv, "a", 5, tokens=a, salt="t1")
+    kv_ops.commit(kv, "a", a, 5)
+    assert kv_ops.lookup(kv, "b", [9, 9, 3, 4, 5], salt="t1") == []  # [3, 4] after another
+    assert kv_ops.lookup(kv, "c", a, salt="t2") == []
+    assert kv_ops.lookup(kv, "d", a) == []
+    assert len(kv_ops.lookup(kv, "e", a, salt="t1")) == 2
+    hashes = [kv.pool.blocks[b].block_hash for b in kv_ops.table(kv, "a")[:2]]
+    assert all(isinstance(h, bytes if algorithm == "sha256" else int) for h in hashes)
+
+
+def test_the_builtin_block_hash_is_the_tuple_hash_of_the_chain() -> None:
+    root = block_hash.root_hash("m", None, "builtin")
+    assert root == int.from_bytes(block_hash.root_hash("m", None)[:8], "little", signed=True)
+    assert block_hash.builtin_hash_block_tokens(root, [3, 4]) == hash((root, 3, 4))
+    with pytest.raises(ValueError, match="block hash must be one of"):
+        block_hash.block_hasher("md5")
+    with pytest.raises(ValueError, match="block hash must be one of"):
+        block_hash.root_hash("m", None, "md5")
+    with pytest.raises(HeddleError, match="block_hash must be sha256 or builtin"):
+        CacheConfig(block_hash="md5")  # type: ignore[arg-type]
 
 
 # -- integrity: the checks catch what they promise ----------------------------------------

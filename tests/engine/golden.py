@@ -171,6 +171,7 @@ def run_one(workload: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         cache=CacheConfig(
             block_size=BLOCK_SIZE,
             enable_prefix_caching=config.get("enable_prefix_caching", True),
+            block_hash=config.get("block_hash", "sha256"),
         ),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=config.get("max_num_batched_tokens", 64),

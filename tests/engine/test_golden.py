@@ -32,11 +32,30 @@ def _first_step_difference(expected: list[Any], actual: list[Any]) -> str:
 
 @pytest.mark.parametrize("name", _names())
 def test_same_decisions_and_records_as_the_reference(name: str) -> None:
+    _check_against_reference(name)
+
+
+def _prefix_cached_names() -> list[str]:
+    return [
+        golden.config_name(c)
+        for c in reference()["configs"]
+        if c.get("enable_prefix_caching", True)
+    ]
+
+
+@pytest.mark.parametrize("name", _prefix_cached_names())
+def test_the_builtin_block_hash_makes_the_same_decisions(name: str) -> None:
+    """The simulator's cheaper block hash (Python's tuple hash, heddle/core/block_hash.py)
+    finds the same prefix hits, so every decision and record is the sha256 reference's."""
+    _check_against_reference(name, block_hash="builtin")
+
+
+def _check_against_reference(name: str, block_hash: str = "sha256") -> None:
     data = reference()
     expected = data["runs"][name]
     configs = {golden.config_name(c): c for c in data["configs"]}
     if name in configs:
-        actual = golden.run_one(data["workload"], configs[name])
+        actual = golden.run_one(data["workload"], {**configs[name], "block_hash": block_hash})
     else:
         (spec,) = [
             s
