@@ -60,7 +60,7 @@ class CacheConfig:
     # CPU); 0: none.
     offload_blocks: int = 0
     # The prefix cache's block hash (heddle/core/block_hash.py): "sha256" (safe against
-    # crafted prompts), or "builtin" (Python's tuple hash, ~4x cheaper; the simulator's).
+    # crafted prompts), or "builtin" (Python's tuple hash, cheaper; the simulator's).
     block_hash: Literal["sha256", "builtin"] = "sha256"
 
     def __post_init__(self) -> None:

@@ -66,7 +66,7 @@ HELP: Mapping[str, str] = {
     "offload_blocks": "blocks of the second KV tier (host memory beside a GPU pool, a buffer "
     "outside the pool on CPU) where the retention policy may move paused sessions; 0: none",
     "block_hash": "the prefix cache's block hash: sha256 (safe against crafted prompts) or "
-    "builtin (Python's tuple hash, ~4x cheaper; not collision-resistant)",
+    "builtin (Python's tuple hash, cheaper; not collision-resistant)",
     "speculation": "speculative decoding, one KEY=VALUE at a time (repeatable): "
     "method=off|ngram|draft|sim, num_draft_tokens=4, adaptive=true; method=draft: model=PATH "
     "(a draft model sharing the tokenizer); method=sim: acceptance=0.7, acceptance_spread=0.2 "

@@ -20,7 +20,7 @@ Encoding, chosen so that different inputs never encode alike:
 
 `builtin` (the simulator's default, `heddle simulate --block-hash`): the same chain with
 Python's 64-bit `hash((parent, *token_ids))`, rooted at the first 8 bytes of the SHA-256 root
-as an int: about 4x cheaper per block (benchmarks/sim_speed.py --hash-cost) and deterministic
+as an int: cheaper per block (no packing, no digest object) and deterministic
 across processes (ints and tuples of ints are not salted by PYTHONHASHSEED). It is not
 collision-resistant, so it is only for the simulator, whose prompts nobody crafts: prefix-cache
 decisions depend only on hash equality, and over 10^8 blocks a 64-bit collision has a chance

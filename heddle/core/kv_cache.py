@@ -167,7 +167,7 @@ class KVCacheManager:
         block_hash: str = "sha256",
     ) -> None:
         """`block_hash`: "sha256" (safe against crafted prompts: the server's) or "builtin"
-        (Python's tuple hash, ~4x cheaper: the simulator's); see heddle/core/block_hash.py."""
+        (Python's tuple hash, cheaper: the simulator's); see heddle/core/block_hash.py."""
         if block_size < 1:
             raise ValueError("block_size must be positive")
         self.block_hash = block_hash
