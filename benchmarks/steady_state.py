@@ -266,7 +266,11 @@ def run_all(points: Sequence[Point], path: Path, jobs: int, resume: bool) -> lis
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:
+        # This command's points in its order, then the file's other rows (a --resume file
+        # written by another command with other points keeps them).
+        keys = {p.key for p in points}
         rows = [done[p.key] for p in points if p.key in done]
+        rows += [row for key, row in done.items() if key not in keys]
         path.write_text(json.dumps({"machine": machine(), "rows": rows}, indent=1))
 
     pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 and len(todo) > 1 else None

@@ -93,3 +93,16 @@ def test_the_grid_lists_what_is_missing():
     assert steady_state.missing_points(rows, ("chat",), (1.5, 3.0), ("fcfs", "lanes")) == (
         "30000 requests: 4 of 4 points done, none missing."
     )
+
+
+def test_resume_keeps_the_rows_of_other_commands(tmp_path):
+    import steady_state
+
+    path = tmp_path / "r.json"
+    first = steady_state.Point("chat", "fcfs", "default", 3.0, 40, 0)
+    second = steady_state.Point("chat", "fcfs", "default", 1.5, 40, 0)
+    steady_state.run_all([first], path, jobs=1, resume=True)
+    rows = steady_state.run_all([second], path, jobs=1, resume=True)
+    assert [r["point"]["load"] for r in rows] == [1.5]  # what this command asked for
+    saved = json.loads(path.read_text())["rows"]
+    assert [r["point"]["load"] for r in saved] == [1.5, 3.0]  # the first command's row stays
