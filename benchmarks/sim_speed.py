@@ -24,7 +24,8 @@ from heddle.workloads import get_workload
 
 def run(num_requests: int, rate: float, seed: int, steps: bool) -> tuple[float, float, object]:
     config = EngineConfig(
-        cache=CacheConfig(block_size=16),
+        # The block hash `heddle simulate` uses (heddle/core/block_hash.py; same decisions).
+        cache=CacheConfig(block_size=16, block_hash="builtin"),
         scheduler=SchedulerConfig(max_num_batched_tokens=8192, max_num_seqs=256),
     )
     engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=steps)
