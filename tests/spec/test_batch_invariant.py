@@ -198,7 +198,7 @@ def test_greedy_speculation_is_exact_across_chunking_and_the_prefix_cache(invari
     of the run without it at 3 and 6 seats, and those of each request alone; later prompts
     are served from the prefix cache; no KV is left behind."""
     executor = invariant_executor
-    shared = PROMPTS[3] + PROMPTS[2][:14]
+    shared = PROMPTS[3] + PROMPTS[0][:14]
     assert len(shared) == 32
     prompts = [shared + p[:19] for p in PROMPTS[:4]] + [shared + PROMPTS[4], shared + PROMPTS[2]]
 
