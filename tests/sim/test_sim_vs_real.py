@@ -34,10 +34,18 @@ class SleepingExecutor:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self.tokens = SimulatedExecutor(cost, VirtualClock(), vocab_size=VOCAB)
+        self._end: float | None = None
 
     def execute(self, so: SchedulerOutput) -> ExecutorOutput:
         seconds = self.cost.step_time(StepShape.from_scheduler_output(so))
-        time.sleep(seconds)
+        now = time.monotonic()
+        # A step that follows the last one back to back starts where that one was due to end,
+        # so the engine's own time between steps (a few ms, more on a loaded machine) does not
+        # add up over the run; after an idle wait it starts now, as the simulated step does.
+        back_to_back = self._end is not None and now - self._end < 0.02
+        start = self._end if back_to_back and self._end is not None else now
+        self._end = start + seconds
+        time.sleep(max(0.0, self._end - time.monotonic()))
         return self.tokens.execute(so)  # the same tokens and duration (its own clock, unread)
 
 
