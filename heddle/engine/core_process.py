@@ -10,9 +10,9 @@ ZeroMQ sockets to the front end, sends `Ready`, then loops:
     send one StepBatch: new token ids per sequence, command answers, stats, records, events
 
 The engine here does not detokenize: the front end turns token ids into text, finds stop
-strings and sends `Stop` back. The core exits on `Shutdown`, when its parent process is gone,
-or when the front end's sockets close. A parent killed while the model loads (no loop runs yet to
-notice) is caught by a watchdog thread (`watch_parent`): the core never outlives its front end.
+strings and sends `Stop` back. The core exits on `Shutdown`, or when its parent process is gone:
+a watchdog thread (`watch_parent`) polls for that in every phase (the model loading, warm-up,
+between and during steps), so the core never outlives its front end.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class EngineCore:
         # Called after each pass; what they return rides in StepBatch.events.
         self.event_sources: list[Callable[[], list[Any]]] = []
 
-    def run(self, parent_pid: int) -> None:
+    def run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.commands, zmq.POLLIN)
         first = StepBatch()
@@ -120,9 +120,6 @@ class EngineCore:
                         commands.extend(decode_commands(self.commands.recv(zmq.NOBLOCK)))
                     except zmq.Again:
                         break
-            if os.getppid() != parent_pid:
-                logger.warning("the front end is gone; the engine core exits")
-                return
             batch = StepBatch()
             shutdown = self.apply(commands, batch)
             if shutdown:
@@ -352,7 +349,7 @@ def serve(spec: CoreSpec) -> int:
         core = EngineCore(engine, commands, outputs)
         if spec.event_source is not None:
             core.event_sources.append(spec.event_source(engine))
-        core.run(spec.parent_pid)
+        core.run()
     except Exception as e:
         logger.exception("the engine core failed")
         with contextlib.suppress(zmq.ZMQError):
@@ -368,9 +365,9 @@ def serve(spec: CoreSpec) -> int:
 def watch_parent(parent_pid: int, interval: float = _PARENT_POLL_S) -> threading.Thread:
     """Exit this process as soon as its parent is no longer `parent_pid`.
 
-    The loop in `EngineCore.run` notices a vanished front end between steps, but while the
-    engine is built (a model loading for minutes), warmed up, or a step runs, nothing else
-    would: a `heddle serve` killed while starting left its core behind. A parent's death
+    This is the one check for a vanished front end, in every phase: while the engine is built
+    (a model loading for minutes), warmed up, between steps and during a long step (a
+    `heddle serve` killed while starting used to leave its core behind). A parent's death
     re-parents the core (to init or a subreaper), so `os.getppid()` changes; polling it works
     whichever thread spawned the core (PR_SET_PDEATHSIG fires when that *thread* ends, which
     for a core restarted from a worker thread is not the front end's death) and across
