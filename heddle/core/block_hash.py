@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable, Sequence
+from typing import cast
 
 BLOCK_HASH_ALGORITHM = "sha256"
 BLOCK_HASH_ALGORITHMS = ("sha256", "builtin")
@@ -60,12 +61,15 @@ def root_hash(
 
 
 def hash_block_tokens(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
-    """The SHA-256 hash of one full block chained to its parent's."""
-    assert isinstance(parent, bytes)
+    """The SHA-256 hash of one full block chained to its parent's.
+
+    `parent` is a SHA-256 digest here (the KV manager binds one algorithm per pool); an int
+    parent fails at the `+` with a TypeError, so no runtime check is spent per block.
+    """
     packer = _PACKERS.get(len(token_ids))
     if packer is None:
         packer = _PACKERS.setdefault(len(token_ids), struct.Struct(f"<{len(token_ids)}q"))
-    return _sha256(parent + packer.pack(*token_ids)).digest()
+    return _sha256(cast(bytes, parent) + packer.pack(*token_ids)).digest()
 
 
 def builtin_hash_block_tokens(parent: BlockHash, token_ids: Sequence[int]) -> BlockHash:
