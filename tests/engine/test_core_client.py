@@ -250,19 +250,31 @@ def test_the_core_exits_when_its_front_end_is_killed():
     import sys
 
     front = subprocess.Popen([sys.executable, "-c", _FRONT_END], stdout=subprocess.PIPE, text=True)
+    core_pid = None
     try:
         assert front.stdout is not None
         core_pid = int(front.stdout.readline())
-        assert _alive(core_pid)
-        front.kill()
-        front.wait(10)
-        deadline = time.monotonic() + 10
-        while _alive(core_pid):
-            assert time.monotonic() < deadline, "the orphaned core is still running"
-            time.sleep(0.05)
+        _kill_front_end_then_wait_for_the_core(front, core_pid, 10, "the orphaned core still runs")
     finally:
-        front.kill()
-        front.wait()
+        _clean_up(front, core_pid)
+
+
+def _kill_front_end_then_wait_for_the_core(front, core_pid: int, within: float, why: str) -> None:
+    """SIGKILL the front end (no goodbye to its core) and require the core gone in `within` s."""
+    assert _alive(core_pid)
+    front.send_signal(signal.SIGKILL)
+    front.wait(10)
+    deadline = time.monotonic() + within
+    while _alive(core_pid):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
+def _clean_up(front, core_pid: int | None) -> None:
+    front.kill()
+    front.wait()
+    if core_pid is not None and _alive(core_pid):  # the fix failed: do not leave it behind
+        os.kill(core_pid, signal.SIGKILL)
 
 
 _STARTING_FRONT_END = """
@@ -289,18 +301,9 @@ def test_the_core_exits_when_its_front_end_is_killed_while_it_starts(tmp_path):
             assert time.monotonic() < deadline, "the core never started loading"
             time.sleep(0.02)
         core_pid = int(pid_file.read_text())
-        assert _alive(core_pid)
-        front.send_signal(signal.SIGKILL)
-        front.wait(10)
-        deadline = time.monotonic() + 5
-        while _alive(core_pid):
-            assert time.monotonic() < deadline, "the orphaned core is still loading"
-            time.sleep(0.05)
+        _kill_front_end_then_wait_for_the_core(front, core_pid, 5, "the orphaned core still loads")
     finally:
-        front.kill()
-        front.wait()
-        if core_pid is not None and _alive(core_pid):  # the fix failed: do not leave it behind
-            os.kill(core_pid, signal.SIGKILL)
+        _clean_up(front, core_pid)
 
 
 def test_per_step_events_reach_the_event_listeners():
