@@ -34,10 +34,13 @@ id of the request it went to, one entry per block, to `evicted_for` (no call int
 object per allocation). Both are plain lists: a list append is one specialised instruction of
 the interpreter, where an `array` append is a method call that parses its argument (an int into
 a 'd' array also goes through a float conversion); the ids are objects the pool holds anyway,
-so a list entry costs 8 bytes like an array's. A step that evicted adds three numbers to three typed
-arrays (its step, its time, and where its span of those lists ends), inline in `end_step`, no
-object either: a kept tuple per step made the garbage collector run more often, and its full
-passes are what a long run pays. The order of evictions among the other events costs the
+so a list entry costs 8 bytes like an array's. A step that evicted appends three numbers to
+three more plain lists (its step, its time, and where its span of those lists ends), inline in
+`end_step`, no container object: a kept tuple per step made the garbage collector run more
+often, and its full passes are what a long run pays, where ints and floats are not tracked by
+it (the step and the time are the objects the log holds anyway; typed arrays, as before,
+took twice as long per append, measured with timeit, their append a method call that
+converts its argument). The order of evictions among the other events costs the
 eviction nothing: each of the rarer other events notes how many evictions came before it.
 The lists are a bounded detail ring of their own (`detail_capacity` blocks, the older half
 dropped when they hold twice that); an `Eviction` is built from them when it is read, and
@@ -245,9 +248,9 @@ class DecisionLog:
         # Eviction events, three numbers each: step, time, and the end of their span of the
         # detail (an absolute position; the span starts where the previous one ended, the
         # first held one at `_evictions_start`). `_evictions_base` events were dropped first.
-        self._eviction_steps: array[int] = array("q")
-        self._eviction_times: array[float] = array("d")
-        self._eviction_ends: array[int] = array("q")
+        self._eviction_steps: list[int] = []
+        self._eviction_times: list[float] = []
+        self._eviction_ends: list[int] = []
         self._evictions_base = 0
         self._evictions_start = 0
         # Past these lengths the older halves go (one comparison each per evicting step).
@@ -463,7 +466,7 @@ class DecisionLog:
 
     def _log_evictions(self) -> None:
         """One eviction event for the blocks evicted since the last: three numbers appended to
-        a flat array (no object, no call into the log from the pool: a busy pool evicts on
+        three flat lists (no object, no call into the log from the pool: a busy pool evicts on
         most steps). `end_step` does the same inline."""
         num_blocks = len(self.evicted_blocks)
         self._eviction_steps.append(self.step_id)
