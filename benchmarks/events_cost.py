@@ -31,12 +31,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
 from heddle.hostinfo import machine_line
 from heddle.sim.simulator import build_sim_engine, simulate
 from heddle.workloads import get_workload
+
+if TYPE_CHECKING:
+    from heddle.core.outputs import SchedulerOutput
+    from heddle.engine.engine import Engine
+
+ARMS = ("on", "off", "probe")
 
 
 class GCTimer:
@@ -61,8 +68,13 @@ class GCTimer:
         gc.callbacks.remove(self)
 
 
-def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, float, int, int]:
-    """(wall seconds, process CPU seconds, steps, events logged) of one simulation."""
+def run(
+    num_requests: int, rate: float, seed: int, events: int, probe: bool = False
+) -> tuple[float, float, int, int]:
+    """(wall seconds, process CPU seconds, steps, events logged) of one simulation. `probe`:
+    also the view's probe, as an engine core runs it (`heddle.view.live.view_source`), its
+    step rows and new events drained and encoded for the channel after every step, whether or
+    not a page is open."""
     config = EngineConfig(
         cache=CacheConfig(block_size=16),
         scheduler=SchedulerConfig(
@@ -71,11 +83,32 @@ def run(num_requests: int, rate: float, seed: int, events: int) -> tuple[float, 
     )
     workload = get_workload("chat", seed=seed, num_requests=num_requests, rate=rate)
     engine = build_sim_engine(config, model="llama-3.1-8b", hardware="h100", record_steps=False)
+    if probe:
+        install_probe(engine)
     cpu_start = time.process_time()
     result = simulate(workload, engine)
     cpu = time.process_time() - cpu_start
     log = result.engine.scheduler.events if result.engine is not None else None
     return result.wall_seconds, cpu, result.num_steps, 0 if log is None else log.num_events
+
+
+def install_probe(engine: Engine) -> None:
+    """What an engine core with the view does after each step: the probe's row and events
+    (`view_source`), drained and MessagePack-encoded as the core's step batch carries them."""
+    import msgspec
+
+    from heddle.view.live import view_source
+
+    drain = view_source(engine)
+    probe = engine.step_observer
+    assert probe is not None
+    encode = msgspec.msgpack.encode
+
+    def observe(output: SchedulerOutput, start: float, duration: float) -> None:
+        probe(output, start, duration)
+        encode(drain())
+
+    engine.step_observer = observe
 
 
 def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
@@ -119,7 +152,7 @@ def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
 def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, float]:
     with GCTimer() as collector:
         wall, cpu, steps, logged = run(
-            num_requests, rate, seed, DEFAULT_CAPACITY if arm == "on" else 0
+            num_requests, rate, seed, 0 if arm == "off" else DEFAULT_CAPACITY, arm == "probe"
         )
     return {"wall": wall, "cpu": cpu, "gc": collector.seconds, "steps": steps, "events": logged}
 
@@ -159,19 +192,29 @@ def parallel_pair(num_requests: int, rate: float, seed: int, swap: bool) -> dict
 
 
 def measure(
-    num_requests: int, rate: float, seed: int, repeats: int, parallel: bool = False
+    num_requests: int,
+    rate: float,
+    seed: int,
+    repeats: int,
+    parallel: bool = False,
+    probe: bool = False,
 ) -> dict[str, object]:
-    """Events on and off at one length: alternating which arm goes first, or (`parallel`) at
-    the same time on two CPUs, swapped every repeat."""
-    walls: dict[str, list[float]] = {"on": [], "off": []}
-    cpus: dict[str, list[float]] = {"on": [], "off": []}
-    gcs: dict[str, list[float]] = {"on": [], "off": []}
+    """Events on and off at one length: one arm after the other, in an order that changes every
+    repeat, or (`parallel`) at the same time on two CPUs, swapped every repeat. `probe`: a
+    third arm (one at a time only), events on with the view's probe as an engine core runs it."""
+    arms = ["on", "off", "probe"] if probe else ["on", "off"]
+    walls: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpus: dict[str, list[float]] = {arm: [] for arm in arms}
+    gcs: dict[str, list[float]] = {arm: [] for arm in arms}
     steps = num_events = 0
     for i in range(repeats):
         if parallel:
             results = parallel_pair(num_requests, rate, seed, swap=i % 2 == 1)
         else:
-            order = ("on", "off") if i % 2 == 0 else ("off", "on")
+            shift = (i // 2) % len(arms)
+            order = arms[shift:] + arms[:shift]
+            if i % 2:
+                order.reverse()
             results = {arm: one_arm(num_requests, rate, seed, arm) for arm in order}
         for arm, r in results.items():
             walls[arm].append(r["wall"])
@@ -181,7 +224,7 @@ def measure(
             num_events = max(num_events, int(r["events"]))
             where = f" on CPU {r['cpu_id']}" if "cpu_id" in r else ""
             print(
-                f"  {num_requests} requests, events {arm:>3}{where}: {r['wall']:6.2f} s wall, "
+                f"  {num_requests} requests, events {arm:>5}{where}: {r['wall']:6.2f} s wall, "
                 f"{r['cpu']:6.2f} s CPU ({r['gc']:.2f} s in the garbage collector), {steps} "
                 f"steps, {int(r['events'])} events",
                 flush=True,
@@ -211,6 +254,25 @@ def measure(
         "cost_per_step_us": 1e6 * (on - off) / steps,
         "step_wall_us": 1e6 * off / steps,
     }
+    if probe:
+        with_probe = statistics.median(walls["probe"])
+        summary.update(
+            wall_probe=walls["probe"],
+            cpu_probe=cpus["probe"],
+            gc_probe=gcs["probe"],
+            median_probe=with_probe,
+            overhead_probe=with_probe / off - 1,
+            overhead_probe_paired=statistics.median(
+                a / b - 1 for a, b in zip(walls["probe"], walls["off"], strict=True)
+            ),
+            probe_cost_per_step_us=1e6 * (with_probe - off) / steps,
+        )
+        print(
+            f"{num_requests} requests: with the view's probe (events on, rows and events encoded "
+            f"every step) median wall {with_probe:.2f} s: {100 * (with_probe / off - 1):+.2f}% "
+            f"against off, {1e6 * (with_probe - off) / steps:.1f} us per step",
+            flush=True,
+        )
     print(
         f"{num_requests} requests: median wall on {on:.2f} s, off {off:.2f} s: decision events "
         f"cost {100 * (on / off - 1):+.2f}% (median of the pairs {100 * paired:+.2f}%; CPU time "
@@ -237,8 +299,13 @@ def main() -> None:
         "--parallel", action="store_true", help="run each pair's arms at once, one per CPU"
     )
     parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="a third arm: events on and the view's probe as an engine core runs it",
+    )
+    parser.add_argument(
         "--one",
-        choices=("on", "off"),
+        choices=ARMS,
         help="run one arm once at the first --num-requests (for a profiler: py-spy record -- ...)",
     )
     parser.add_argument(
@@ -247,6 +314,8 @@ def main() -> None:
         help="untimed: what the log records per step at each length (deterministic)",
     )
     args = parser.parse_args()
+    if args.probe and args.parallel:
+        raise SystemExit("--probe runs its arms one at a time: leave out --parallel")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop a pair's arms too
 
     from heddle.metrics import summarize
@@ -279,7 +348,7 @@ def main() -> None:
         if args.counts:
             runs.append(counts(n, rate, args.seed))
         else:
-            runs.append(measure(n, rate, args.seed, args.repeats, args.parallel))
+            runs.append(measure(n, rate, args.seed, args.repeats, args.parallel, args.probe))
         Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
 
 

@@ -115,15 +115,24 @@ def browser_processes() -> list[psutil.Process]:
     return found
 
 
-def bench_round(base_url: str, args: argparse.Namespace, label: str, out: Path) -> dict[str, Any]:
+def bench_round(
+    base_url: str,
+    args: argparse.Namespace,
+    label: str,
+    out: Path,
+    num_requests: int | None = None,
+    output_len: int | None = None,
+) -> dict[str, Any]:
+    num_requests = args.num_requests if num_requests is None else num_requests
+    output_len = args.output_len if output_len is None else output_len
     command = [
         sys.executable, "-m", "heddle", "bench", "serve",
         "--base-url", base_url,
         "--workload", "random",
         "--workload-option", f"input_len={args.input_len}",
-        "--workload-option", f"output_len={args.output_len}",
+        "--workload-option", f"output_len={output_len}",
         "--concurrency", str(args.concurrency),
-        "--num-requests", str(args.num_requests),
+        "--num-requests", str(num_requests),
         "--max-duration", str(args.max_duration),
         "--seed", str(args.seed),
         "--output-dir", str(out),
@@ -151,6 +160,12 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument(
+        "--warmup-output-len",
+        type=int,
+        help="output tokens of the warm-up round's requests (default --output-len); it runs "
+        "--concurrency requests, at least one full batch",
+    )
     parser.add_argument("--max-duration", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chromium", default="/usr/bin/chromium")
@@ -196,7 +211,14 @@ def main() -> None:
         with sync_playwright() as playwright, tempfile.TemporaryDirectory() as tmp:
             browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             # Warm-up round (first-step compilation, allocator), not counted.
-            bench_round(base_url, args, "warmup", Path(tmp))
+            bench_round(
+                base_url,
+                args,
+                "warmup",
+                Path(tmp),
+                num_requests=max(args.concurrency, 1),
+                output_len=args.warmup_output_len,
+            )
             print(f"warm-up round done ({time.strftime('%H:%M:%S')})", flush=True)
             if core_cpu is not None:  # threads the first steps started (none expected)
                 isolate_core(server, core_cpu)
@@ -231,6 +253,20 @@ def main() -> None:
                     if core_cpu is not None:  # still where it was put (raises if not)
                         isolate_core(server, core_cpu)
                     rounds.append(result)
+                    # A run cut short (a slot's timeout) keeps the rounds it measured.
+                    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+                    Path(args.output).write_text(
+                        json.dumps(
+                            {
+                                "machine": machine_line(),
+                                "isolate_cpus": args.isolate_cpus,
+                                "partial": True,
+                                "rounds_detail": rounds,
+                            },
+                            indent=1,
+                        )
+                        + "\n"
+                    )
                     cpu = result["cpu_s"]
                     print(
                         f"{result['label']:>9}: {result['output_throughput']:7.1f} tok/s, "
