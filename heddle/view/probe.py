@@ -113,7 +113,8 @@ class StepProbe:
         total_held = sum(held.values())
         used = kv.num_used_blocks
         scale = used / total_held if total_held else 0.0
-        self._kv_used = {cls: blocks * scale for cls, blocks in held.items()}
+        # Rounded here, once a refresh, not in every row's `to_list` (the same dict each step).
+        self._kv_used = {cls: round(blocks * scale, 2) for cls, blocks in held.items()}
         self._running, self._waiting = running, waiting
         self._kv_cached = kv.pool.num_cached_free_blocks
         visited = len(scheduler.running) + len(scheduler.waiting)

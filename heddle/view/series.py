@@ -59,7 +59,7 @@ class StepRow:
             dict(self.decode),
             dict(self.running),
             dict(self.waiting),
-            {k: round(v, 2) for k, v in self.kv_used.items()},
+            dict(self.kv_used),  # the probe rounds it (to 0.01 block) when it refreshes
             self.kv_free,
             self.kv_cached,
             self.kv_parked,
