@@ -25,13 +25,14 @@ import gc
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.core.events import DEFAULT_CAPACITY
@@ -229,6 +230,26 @@ def measure(
                 f"steps, {int(r['events'])} events",
                 flush=True,
             )
+    return summarize(num_requests, walls, cpus, gcs, steps, num_events, parallel)
+
+
+def summarize(
+    num_requests: int,
+    walls: dict[str, list[float]],
+    cpus: dict[str, list[float]],
+    gcs: dict[str, list[float]],
+    steps: int,
+    num_events: int,
+    parallel: bool,
+) -> dict[str, object]:
+    """The medians of the arms at one length (pairs: the i-th run of each arm)."""
+    pairs = min(len(walls["on"]), len(walls["off"]))
+    if pairs == 0:
+        raise SystemExit(f"{num_requests} requests: no pair of an on and an off run")
+    walls = {arm: values[:pairs] for arm, values in walls.items()}
+    cpus = {arm: values[:pairs] for arm, values in cpus.items()}
+    gcs = {arm: values[:pairs] for arm, values in gcs.items()}
+    probe = len(walls.get("probe", ())) == pairs
     on, off = statistics.median(walls["on"]), statistics.median(walls["off"])
     paired = statistics.median(a / b - 1 for a, b in zip(walls["on"], walls["off"], strict=True))
     cpu_on, cpu_off = statistics.median(cpus["on"]), statistics.median(cpus["off"])
@@ -236,6 +257,7 @@ def measure(
     summary: dict[str, object] = {
         "num_requests": num_requests,
         "parallel": parallel,
+        "num_pairs": pairs,
         "num_steps": steps,
         "num_events": num_events,
         "wall_on": walls["on"],
@@ -278,10 +300,44 @@ def measure(
         f"cost {100 * (on / off - 1):+.2f}% (median of the pairs {100 * paired:+.2f}%; CPU time "
         f"{100 * (cpu_on / cpu_off - 1):+.2f}%, pairs {100 * paired_cpu:+.2f}%), "
         f"{1e6 * (on - off) / steps:.2f} us per step of "
-        f"{1e6 * off / steps:.0f} us; {num_events} events logged",
+        f"{1e6 * off / steps:.0f} us; {num_events} events logged; {pairs} pairs",
         flush=True,
     )
     return summary
+
+
+RUN_LINE = re.compile(
+    r"^\s+(\d+) requests, events\s+(on|off|probe)(?: on CPU \d+)?: +([\d.]+) s wall, +([\d.]+) s "
+    r"CPU \(([\d.]+) s in the garbage collector\), (\d+) steps, (\d+) events"
+)
+
+
+def from_log(path: str) -> list[dict[str, object]]:
+    """The summaries of a log of this script's runs (one per length, in the order logged): for
+    a run cut short (a slot's timeout) after some pairs, whose summary was never printed."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise SystemExit(f"--from-log: {e}") from None
+    lengths: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        match = RUN_LINE.match(line)
+        if match is None:
+            continue
+        n, arm = int(match[1]), match[2]
+        runs = lengths.setdefault(n, {"walls": {}, "cpus": {}, "gcs": {}, "steps": 0, "events": 0})
+        runs["walls"].setdefault(arm, []).append(float(match[3]))
+        runs["cpus"].setdefault(arm, []).append(float(match[4]))
+        runs["gcs"].setdefault(arm, []).append(float(match[5]))
+        runs["steps"] = int(match[6])
+        runs["events"] = max(runs["events"], int(match[7]))
+    if not lengths:
+        raise SystemExit(f"--from-log: no runs of events_cost.py in {path}")
+    parallel = any(" on CPU " in line for line in lines)
+    return [
+        summarize(n, r["walls"], r["cpus"], r["gcs"], r["steps"], r["events"], parallel)
+        for n, r in lengths.items()
+    ]
 
 
 def main() -> None:
@@ -313,7 +369,17 @@ def main() -> None:
         action="store_true",
         help="untimed: what the log records per step at each length (deterministic)",
     )
+    parser.add_argument(
+        "--from-log",
+        metavar="LOG",
+        help="no run: the summaries of the runs in a log of this script (one cut short)",
+    )
     args = parser.parse_args()
+    if args.from_log is not None:
+        runs_logged = from_log(args.from_log)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps({"runs": runs_logged}, indent=1) + "\n")
+        return
     if args.probe and args.parallel:
         raise SystemExit("--probe runs its arms one at a time: leave out --parallel")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop a pair's arms too

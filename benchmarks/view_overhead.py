@@ -53,16 +53,22 @@ CHROMIUM_ARGS = [
 ]
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    """User + system CPU seconds of the processes still alive."""
-    total = 0.0
+def cpu_seconds(processes: list[psutil.Process]) -> dict[int, float]:
+    """User + system CPU seconds of each process still alive, by pid."""
+    seconds = {}
     for process in processes:
         try:
             times = process.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system
-    return total
+        seconds[process.pid] = times.user + times.system
+    return seconds
+
+
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the processes took between the two readings: a process gone by the second
+    (a closed page's renderer) counts nothing, where subtracting totals made it negative."""
+    return sum(after[pid] - before[pid] for pid in after if pid in before)
 
 
 def server_processes(server: subprocess.Popen[bytes]) -> dict[str, list[psutil.Process]]:
@@ -176,7 +182,31 @@ def main() -> None:
         help="the engine core alone on the first CPU (one torch thread), everything else on "
         "the second, in both arms",
     )
+    parser.add_argument(
+        "--summarize",
+        metavar="JSON",
+        help="no run: the verdict of the rounds a (cut) run wrote to JSON (its rounds_detail)",
+    )
     args = parser.parse_args()
+    if args.summarize is not None:
+        try:
+            saved = json.loads(Path(args.summarize).read_text())
+            rounds_saved = saved["rounds_detail"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(
+                f"--summarize {args.summarize}: not a view_overhead.py output ({e})"
+            ) from None
+        summarize(
+            rounds_saved,
+            saved.get("lags_ms", []),
+            saved.get("lag_parts_all_ms", []),
+            machine=saved["machine"],
+            isolate_cpus=saved.get("isolate_cpus", False),
+            core_cpu=saved.get("core_cpu"),
+            concurrency=saved.get("concurrency", args.concurrency),
+            output=args.output,
+        )
+        return
     core_cpu: int | None = None
     if args.isolate_cpus:
         cpus = sorted(os.sched_getaffinity(0))
@@ -235,7 +265,7 @@ def main() -> None:
                     result = bench_round(base_url, args, f"{arm}-{i}", Path(tmp))
                     result["arm"] = arm
                     result["cpu_s"] = {
-                        name: round(cpu_seconds(procs) - before[name], 2)
+                        name: round(cpu_delta(before[name], cpu_seconds(procs)), 2)
                         for name, procs in watched.items()
                     }
                     if page is not None:
@@ -260,6 +290,8 @@ def main() -> None:
                             {
                                 "machine": machine_line(),
                                 "isolate_cpus": args.isolate_cpus,
+                                "core_cpu": core_cpu,
+                                "concurrency": args.concurrency,
                                 "partial": True,
                                 "rounds_detail": rounds,
                             },
@@ -275,10 +307,39 @@ def main() -> None:
                         f"browser {cpu['browser']}",
                         flush=True,
                     )
+            # The figures first: a teardown that hangs (a browser helper paused by the bench
+            # lock) or is cut by a timeout loses nothing measured.
+            summarize(
+                rounds,
+                lags,
+                parts,
+                machine=machine_line(),
+                isolate_cpus=args.isolate_cpus,
+                core_cpu=core_cpu,
+                concurrency=args.concurrency,
+                output=args.output,
+            )
             browser.close()
     finally:
         server.terminate()
         server.wait(60)
+
+
+def summarize(
+    rounds: list[dict[str, Any]],
+    lags: list[float],
+    parts: list[list[float]],
+    *,
+    machine: str,
+    isolate_cpus: bool,
+    core_cpu: int | None,
+    concurrency: int,
+    output: str,
+) -> None:
+    """The medians of each arm (and the page's lag, when measured): written to `output` and
+    printed."""
+    if not any(r["arm"] == "closed" for r in rounds) or not any(r["arm"] == "open" for r in rounds):
+        raise SystemExit("no verdict: the rounds hold no pair of a closed and an open round")
 
     def median(arm: str, key: str) -> float:
         return statistics.median(r[key] for r in rounds if r["arm"] == arm)
@@ -300,11 +361,11 @@ def main() -> None:
     names = ("store_wait", "delivery", "redraw")
     lag_parts = {name: quantiles([p[i] for p in parts]) for i, name in enumerate(names)}
     summary = {
-        "machine": machine_line(),
-        "isolate_cpus": args.isolate_cpus,
+        "machine": machine,
+        "isolate_cpus": isolate_cpus,
         "core_cpu": core_cpu,
-        "concurrency": args.concurrency,
-        "rounds": args.rounds,
+        "concurrency": concurrency,
+        "rounds": min(sum(r["arm"] == arm for r in rounds) for arm in ("open", "closed")),
         "throughput_closed": closed,
         "throughput_open": opened,
         "slowdown": 1 - opened / closed,
@@ -326,24 +387,33 @@ def main() -> None:
         "lags_ms": lags,
         "lag_parts_all_ms": parts,
     }
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps(summary, indent=1) + "\n")
     print(
         f"{summary['machine']}\n"
-        + (f"engine core alone on CPU {core_cpu} (1 thread), the rest on the other\n"
-           if core_cpu is not None else "")
+        + (
+            f"engine core alone on CPU {0 if core_cpu is None else core_cpu} (1 thread), the "
+            "rest on the other\n"
+            if isolate_cpus
+            else ""
+        )
         + f"median output throughput: closed {closed:.1f} tok/s, open "
         f"{opened:.1f} tok/s ({100 * summary['slowdown']:+.2f}% slower with the dashboard open); "
         f"TPOT {1000 * tpot_closed:.1f} vs {1000 * tpot_open:.1f} ms\n"
-        f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
-        f"p99 {summary['lag_ms_p99']:.0f} ms, max {summary['lag_ms_max']:.0f} ms "
-        f"({len(lags)} updates)\n  of which "
-        + "; ".join(
-            f"{name.replace('_', ' ')} p50 {q['p50']:.0f} / p99 {q['p99']:.0f} ms"
-            for name, q in lag_parts.items()
-            if q["p50"] is not None
+        + (
+            f"page lag behind the engine: p50 {summary['lag_ms_p50']:.0f} ms, "
+            f"p99 {summary['lag_ms_p99']:.0f} ms, max {summary['lag_ms_max']:.0f} ms "
+            f"({len(lags)} updates)\n  of which "
+            + "; ".join(
+                f"{name.replace('_', ' ')} p50 {q['p50']:.0f} / p99 {q['p99']:.0f} ms"
+                for name, q in lag_parts.items()
+                if q["p50"] is not None
+            )
+            + "\n"
+            if lags
+            else "page lag: not in these rounds\n"
         )
-        + "\nCPU seconds per round (median), closed / open: "
+        + "CPU seconds per round (median), closed / open: "
         + ", ".join(
             f"{part} {summary['cpu_s_median']['closed'][part]:.1f} / "
             f"{summary['cpu_s_median']['open'][part]:.1f}"
