@@ -16,6 +16,11 @@ moment of the machine (its drift cancels within a pair) and a pair takes the tim
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000 20000
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --parallel --repeats 7 \
         --num-requests 10000 20000 40000
+    /work/tools/bench .venv/bin/python benchmarks/events_cost.py --probe --num-requests 5000
+    .venv/bin/python benchmarks/events_cost.py --from-log results/events_cost.log   # a cut run
+
+`--probe` adds a third arm (one at a time): events on and the view's probe as an engine core
+runs it, its step row and new events MessagePack-encoded after every step.
 """
 
 from __future__ import annotations

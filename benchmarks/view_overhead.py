@@ -21,6 +21,10 @@ another machine.
 
     /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 3
     /work/tools/bench .venv/bin/python benchmarks/view_overhead.py --rounds 5 --isolate-cpus
+    .venv/bin/python benchmarks/view_overhead.py --summarize results/view_overhead.json
+
+The verdict is written before the browser and the server are torn down, and every round as it
+finishes, so a run cut short keeps what it measured (`--summarize` reads it back).
 """
 
 from __future__ import annotations
