@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import platform
 import statistics
@@ -154,16 +155,22 @@ def scaled(cost: ProfiledCostModel, ratio: float) -> ProfiledCostModel:
 
 
 def rescaled_errors(config: EngineConfig, executor: Any, cost: ProfiledCostModel,
-                    workload: Any, runs: list[dict[str, Any]], ratio: float) -> dict[str, float]:
-    """Median relative errors of a simulation priced by `scaled(cost, ratio)`."""
-    sim = build_sim_engine(config, model=executor.model_shape, cost_model=scaled(cost, ratio),
-                           num_blocks=executor.num_blocks,
-                           max_model_len=executor.max_model_len)  # fmt: skip
-    summary = summarize(simulate(workload, sim).records)
-    return {metric: statistics.median(
-                _row(r["rows"][metric]["measured"], _summary_value(summary, metric))["rel_error"]
-                for r in runs)
-            for metric in runs[0]["rows"]}  # fmt: skip
+                    workload: Any, runs: list[dict[str, Any]],
+                    ratios: list[float]) -> dict[str, float]:
+    """Median over the runs of each run's relative errors against a simulation priced by
+    `scaled(cost, ratio)`, with the run's own ratio (`ratios[i]` for `runs[i]`)."""
+    if len(ratios) != len(runs):
+        raise ValueError(f"{len(ratios)} ratios for {len(runs)} runs")
+    errors: dict[str, list[float]] = {metric: [] for metric in runs[0]["rows"]}
+    for run, ratio in zip(runs, ratios, strict=True):
+        sim = build_sim_engine(config, model=executor.model_shape,
+                               cost_model=scaled(cost, ratio), num_blocks=executor.num_blocks,
+                               max_model_len=executor.max_model_len)  # fmt: skip
+        summary = summarize(simulate(workload, sim).records)
+        for metric, out in errors.items():
+            measured = run["rows"][metric]["measured"]
+            out.append(_row(measured, _summary_value(summary, metric))["rel_error"])
+    return {metric: statistics.median(e) for metric, e in errors.items()}
 
 
 def run_pair(config: EngineConfig, executor: Any, cost: Any, workload: Any) -> dict[str, Any]:
@@ -424,9 +431,9 @@ def targets(paths: list[str]) -> None:
                 ok_r = [m for m in TARGET_FIGURES if abs(rescaled[m]) <= 0.10]
                 within_rescaled += len(ok_r)
                 total_rescaled += len(TARGET_FIGURES)
-                drift = statistics.fmean(c[0] for c in case["canary"])
                 print(f"  canary {' / '.join(f'{c[0]:.3f}' for c in case['canary'])} (measured "
-                      f"/ profile); priced at the canary's speed (x{drift:.3f}): {len(ok_r)}/"
+                      f"/ profile, before and after the runs); priced at the canary's speed: "
+                      f"{len(ok_r)}/"
                       f"{len(TARGET_FIGURES)} within 10%: " + ", ".join(
                           f"{m} {100 * rescaled[m]:+.1f}%" for m in TARGET_FIGURES))  # fmt: skip
         steps = saved.get("step_error_all") or [None] * 3
@@ -664,6 +671,8 @@ def main() -> None:
         for _ in range(args.runs):
             pair = run_pair(config, executor, cost, workload)
             runs.append(pair)
+            if args.canary:  # after each run: the speed on either side of every run
+                canaries.append(canary(executor, cost, canaries_of, vocab))
             steps.extend(pair["steps"])
             gaps.extend(pair["gaps"])
             parts.append(pair["ttft_parts"])
@@ -681,10 +690,9 @@ def main() -> None:
                                                          for r in free)
                                     for m in runs[0]["rows"]}  # fmt: skip
         rescaled = None
-        if args.canary:
-            canaries.append(canary(executor, cost, canaries_of, vocab))
-            drift = statistics.fmean(c[0] for c in canaries)
-            rescaled = rescaled_errors(config, executor, cost, workload, runs, drift)
+        if args.canary:  # each run priced at the mean of the canaries before and after it
+            speeds = [(a[0] + b[0]) / 2 for a, b in itertools.pairwise(canaries)]
+            rescaled = rescaled_errors(config, executor, cost, workload, runs, speeds)
         per_step = step_errors(cost.executor_only(), steps)
         gap_ratios = by_gap(cost, steps, gaps)
         # The engine's own time between two steps with no wait between them.
@@ -725,9 +733,10 @@ def main() -> None:
                   f"{100 * median['rows'][metric]:12.1f}% "
                   f"{100 * median['rows_shape_only'][metric]:10.1f}%")  # fmt: skip
         if rescaled is not None:
-            print("canary (measured / profile, median [p10, p90]) before and after the runs: "
+            print("canary (measured / profile, median [p10, p90]) before and after each run: "
                   + "; ".join(f"{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}]" for c in canaries))
-            print("priced at the canary's speed (the profile x their mean): " + ", ".join(
+            print("each run priced at the canary's speed (the profile x the mean of the "
+                  "canaries on either side of it): " + ", ".join(
                 f"{m} {100 * e:+.1f}%" for m, e in rescaled.items()))
         print("per-step error of the (shape-only) cost model on the real steps:")
         print("\n".join(per_step.lines()))

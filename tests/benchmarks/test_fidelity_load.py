@@ -106,8 +106,15 @@ def test_canary_scaling_prices_steps_not_the_engines_time_and_simulates_slower()
                            num_blocks=512, max_model_len=4096)  # fmt: skip
     summary = summarize(simulate(workload, sim).records)
     real = sim_fidelity.compare(summary, summary)
-    runs = [{"rows": real}]
-    same = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, 1.0)
+    runs = [{"rows": real}] * 3
+    same = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, [1.0] * 3)
     assert all(abs(e) < 1e-9 for e in same.values())
-    slower = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, 1.25)
+    slower = sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, [1.25] * 3)
     assert slower["tpot p50"] > 0.2 and slower["output tok/s"] < 0
+    # Each run is priced at its own ratio, and the errors are the median over the runs.
+    assert sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs,
+                                        [1.25, 1.0, 1.0]) == same  # fmt: skip
+    assert sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs,
+                                        [1.0, 1.25, 1.25]) == slower  # fmt: skip
+    with pytest.raises(ValueError, match="2 ratios for 3 runs"):
+        sim_fidelity.rescaled_errors(config, Executor(), cost, workload, runs, [1.0, 1.0])
