@@ -182,6 +182,11 @@ def _longest_context(shape: StepShape) -> int:
     return max([decode, *(c for _, c in shape.prefill_chunks)])
 
 
+# A fit's median |error| on its own shapes above this: the machine's speed moved while it was
+# profiled (a quiet 2-core VM fits the profile's shapes to 3-5%; docs/BENCHMARKS.md section 4).
+NOISY_FIT = 0.05
+
+
 @dataclass(frozen=True, slots=True)
 class FitReport:
     """How well the fit predicts: on the samples it was fit to, and (`held_out`: bucket ->
@@ -202,6 +207,12 @@ class FitReport:
             f"{100 * self.median_abs_relative_error:.1f}%, max "
             f"{100 * self.max_abs_relative_error:.1f}%"
         ]
+        if self.median_abs_relative_error > NOISY_FIT:
+            out.append(
+                f"warning: the fit's median |error| is over {100 * NOISY_FIT:.0f}%: the "
+                "machine's speed moved while it was profiled, and simulated figures will be "
+                "off by about as much; profile again on a quiet machine"
+            )
         if self.num_held_out and self.held_out_median_abs is not None:
             assert self.held_out_p90_abs is not None
             out.append(

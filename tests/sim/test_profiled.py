@@ -201,3 +201,16 @@ def test_kernel_switch_terms_fit_a_step_time_that_bends_down_at_the_switch(tmp_p
     )
     with pytest.raises(HeddleError, match="bad kernel-switch term"):
         ProfiledCostModel({"tokens_upto_x": 1.0})
+
+
+def test_fit_report_warns_when_the_fit_is_noisy():
+    from heddle.sim.profiled import NOISY_FIT, FitReport
+
+    quiet = FitReport(num_samples=166, median_abs_relative_error=0.042,
+                      max_abs_relative_error=0.2, rms_seconds=1e-3)
+    noisy = FitReport(num_samples=166, median_abs_relative_error=0.099,
+                      max_abs_relative_error=0.35, rms_seconds=1e-3)
+    assert not any(line.startswith("warning") for line in quiet.lines())
+    warned = [line for line in noisy.lines() if line.startswith("warning")]
+    assert len(warned) == 1 and f"{100 * NOISY_FIT:.0f}%" in warned[0]
+    assert noisy.lines()[0].startswith("fit over 166 samples: median |error| 9.9%")
