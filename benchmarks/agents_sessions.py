@@ -21,6 +21,9 @@ engines do today; ttl: a fixed pin, Continuum-like; cost: heddle's keep / drop d
     python benchmarks/agents_sessions.py horizon results/swe-scan/*.json results/swe-horizon/*.json
         # PCT against run length (180 / 360 / 1,080 / 3,240 programs), late vs early half,
         # recomputed tokens per program, and each ratio's verdict (steady / capacity / both grow)
+    python benchmarks/agents_sessions.py windows [--every 180] [--at 2] results/swe-horizon/*.json
+        # inside the longest run: the ratio over its first 180, 360, ... programs and per window,
+        # the queue per window, and from how many programs on the ratio stays >= 2x
     python benchmarks/agents_sessions.py workload-stats --load 0.35   # what each seed offers
     python benchmarks/agents_sessions.py plot-queue OUT.png FILES...    # waiting requests, KV use
 
@@ -657,6 +660,84 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
     return "\n".join(lines + ratio_lines)
 
 
+def _windows_of(point: dict[str, Any], every: int) -> list[tuple[int, float, float, float]]:
+    """Per window of `every` programs by arrival (the last one may be shorter): the programs seen
+    so far, the mean PCT of the first that many programs, the mean PCT of the window's own
+    programs, and the mean requests waiting over the window's arrival span (the run's queue
+    samples; nan without them)."""
+    series = point.get("program_series") or []
+    samples = point.get("queue_series") or []
+    if not series:
+        return []
+    pcts = [math.inf if done is None else done for _, done, _ in series]
+    rows = []
+    for start in range(0, len(series), every):
+        stop = min(start + every, len(series))
+        lo = series[start][0]
+        hi = series[stop][0] if stop < len(series) else math.inf
+        waiting = [s[2] for s in samples if lo <= s[0] < hi]
+        rows.append((stop, statistics.fmean(pcts[:stop]), statistics.fmean(pcts[start:stop]),
+                     statistics.fmean(waiting) if waiting else math.nan))
+    return rows
+
+
+def windows(paths: list[str], base: str = "fcfs+lru", every: int = 180,
+            at: float = 2.0) -> str:
+    """Inside the longest run both `base` and another configuration made of a point (the same
+    programs, the same arrivals): per window of `every` programs by arrival, the ratio of the
+    two configurations' mean PCT over the first N programs (how the ratio moves as the run
+    gets longer, without rerunning it), the ratio over the window's own programs, and the
+    requests each waits over the window. `from N` is the least N from which the prefix ratio
+    stays >= `at` to the run's end ("never" if it ends below); the verdict is `horizon`'s
+    queue test on the whole run."""
+    if every < 1:
+        raise SystemExit(f"windows: --every must be a positive number of programs, not {every}")
+    runs: dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for point in data["points"]:
+            key = (point["workload"], point["load"], _pool(data), point["seed"])
+            config = f"{point['policy']}+{point['retention']}"
+            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
+    lines = [
+        f"| workload | load | pool | seed | {base} / config | programs | prefix mean PCT ratio "
+        f"by programs | window ratio by window | waiting per window, {base} ; config "
+        f"| >= {at:g}x from | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (workload, load, pool, seed), by_config in sorted(runs.items()):
+        b = by_config.get(base, {})
+        for config, c in sorted(by_config.items()):
+            common = [n for n in sorted(set(b) & set(c))
+                      if b[n].get("program_series") and c[n].get("program_series")]
+            if config == base or not common:
+                continue
+            n = common[-1]
+            wb, wc = _windows_of(b[n], every), _windows_of(c[n], every)
+            prefix = [rb[1] / rc[1] for rb, rc in zip(wb, wc, strict=True)]
+            own = [rb[2] / rc[2] for rb, rc in zip(wb, wc, strict=True)]
+            since = None
+            for (stop, *_), ratio in zip(reversed(wb), reversed(prefix), strict=True):
+                if ratio < at:
+                    break
+                since = stop
+            steady = []
+            for point in (b[n], c[n]):
+                waiting = _waiting(point)
+                steady.append(None if waiting is None else _queue_steady(waiting))
+            verdict = {(True, True): "steady (both)", (False, True): "capacity",
+                       (True, False): f"{config}'s queue grows",
+                       (False, False): "both queues grow"}.get((steady[0], steady[1]), "?")
+            lines.append(
+                f"| {workload} | {load:g} | {pool} | {seed} | {config} | {n} | "
+                + " / ".join(f"{r[0]}: {x:.2f}x" for r, x in zip(wb, prefix, strict=True))
+                + " | " + " / ".join(f"{x:.2f}x" for x in own)
+                + " | " + " / ".join(f"{rb[3]:.1f}" for rb in wb) + " ; "
+                + " / ".join(f"{rc[3]:.1f}" for rc in wc)
+                + f" | {'never' if since is None else since} | {verdict} |")
+    return "\n".join(lines)
+
+
 def plot_queue(argv: list[str]) -> None:
     """The waiting requests and the pool's used share over time of each point in the given
     JSON files (one line per point), to one PNG: `plot-queue OUT.png FILES...`."""
@@ -749,6 +830,16 @@ def main() -> None:
             print(horizon(rest[2:], base=rest[1]))
         else:
             print(horizon(rest))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "windows":
+        wparser = argparse.ArgumentParser(prog="agents_sessions.py windows",
+                                          description=windows.__doc__)
+        wparser.add_argument("--base", default="fcfs+lru")
+        wparser.add_argument("--every", type=int, default=180, help="programs per window")
+        wparser.add_argument("--at", type=float, default=2.0, help="the ratio of `from N`")
+        wparser.add_argument("files", nargs="+")
+        wargs = wparser.parse_args(sys.argv[2:])
+        print(windows(wargs.files, base=wargs.base, every=wargs.every, at=wargs.at))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "by-seed":  # by-seed [--base CONFIG] FILES
         rest = sys.argv[2:]

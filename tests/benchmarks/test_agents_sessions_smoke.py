@@ -4,6 +4,7 @@ cost + the second tier, the steady window and the JSON it writes (virtual clock,
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 import pytest
@@ -104,3 +105,35 @@ def test_horizon_judges_steadiness_by_the_queue_not_by_the_mean(tmp_path):
     assert len(verdict) == 1
     assert "100: 2.00x / 300: 1.68x" in verdict[0]  # 80/40, 84/50
     assert "1.68x, 1.0x" in verdict[0]  # p95 ratio, recomputed ratio at 300 programs
+
+
+def test_windows_follow_the_ratio_through_the_longest_run(tmp_path):
+    import agents_sessions
+
+    def point(retention, pcts, waiting):
+        n = len(pcts)
+        return {"workload": "agent-swe", "load": 0.5, "seed": 0, "num_programs": n,
+                "policy": "fcfs", "retention": retention, "pct_mean": statistics.fmean(pcts),
+                "queue_series": [(t, 0.5, waiting(t), 4) for t in range(2 * n)],
+                "program_series": [(2.0 * i, pct, 1.0) for i, pct in enumerate(pcts)]}
+
+    # 6 programs, windows of 2: lru's PCT climbs (10, 10, 30, 30, 90, 90) and its queue grows
+    # from 0 to 20 waiting; cost+tier stays at 10 s with nothing waiting
+    lru = point("lru", [10, 10, 30, 30, 90, 90], lambda t: 0 if t < 6 else 20)
+    cost = point("cost+tier", [10.0] * 6, lambda t: 0)
+    path = tmp_path / "runs.json"
+    setup = "simulator: llama-3.1-8b on one h100 (roofline), 8000 KV blocks of 16 tokens"
+    path.write_text(json.dumps({"setup": setup, "points": [lru, cost]}))
+    text = agents_sessions.windows([str(path)], every=2, at=2.0)
+    row = [line for line in text.splitlines() if "| fcfs+cost+tier |" in line]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].split("|")]
+    assert cells[6] == "6"
+    assert cells[7] == "2: 1.00x / 4: 2.00x / 6: 4.33x"  # 10/10, 20/10, 43.3/10
+    assert cells[8] == "1.00x / 3.00x / 9.00x"
+    assert cells[9] == "0.0 / 10.0 / 20.0 ; 0.0 / 0.0 / 0.0"  # t in [0,4), [4,8), [8,12)
+    assert cells[10] == "4" and cells[11] == "capacity"
+    # a ratio that ends below the bar is never held
+    assert "| never |" in agents_sessions.windows([str(path)], every=2, at=5.0)
+    with pytest.raises(SystemExit, match="--every"):
+        agents_sessions.windows([str(path)], every=0)
