@@ -705,6 +705,7 @@ def windows(paths: list[str], base: str = "fcfs+lru", every: int = 180,
         f"| >= {at:g}x from | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    summary: dict[tuple[str, float, int, str, int], list[tuple[int, float, str, int | None]]] = {}
     for (workload, load, pool, seed), by_config in sorted(runs.items()):
         b = by_config.get(base, {})
         for config, c in sorted(by_config.items()):
@@ -728,6 +729,8 @@ def windows(paths: list[str], base: str = "fcfs+lru", every: int = 180,
             verdict = {(True, True): "steady (both)", (False, True): "capacity",
                        (True, False): f"{config}'s queue grows",
                        (False, False): "both queues grow"}.get((steady[0], steady[1]), "?")
+            summary.setdefault((workload, load, pool, config, n), []).append(
+                (seed, prefix[-1], verdict, since))
             lines.append(
                 f"| {workload} | {load:g} | {pool} | {seed} | {config} | {n} | "
                 + " / ".join(f"{r[0]}: {x:.2f}x" for r, x in zip(wb, prefix, strict=True))
@@ -735,6 +738,20 @@ def windows(paths: list[str], base: str = "fcfs+lru", every: int = 180,
                 + " | " + " / ".join(f"{rb[3]:.1f}" for rb in wb) + " ; "
                 + " / ".join(f"{rc[3]:.1f}" for rc in wc)
                 + f" | {'never' if since is None else since} | {verdict} |")
+    lines += ["", f"| workload | load | pool | {base} / config | programs | seeds | both steady: "
+              "ratio by seed, median | capacity: ratio by seed (>= "
+              f"{at:g}x from) | both grow |", "|---|---|---|---|---|---|---|---|---|"]
+    for (workload, load, pool, config, n), rows in sorted(summary.items()):
+        steady = [(s, r) for s, r, v, _ in rows if v == "steady (both)"]
+        capacity = [(s, r, f) for s, r, v, f in rows if v == "capacity"]
+        grow = [s for s, _, v, _ in rows if v not in ("steady (both)", "capacity")]
+        steady_text = (", ".join(f"s{s} {r:.2f}x" for s, r in steady)
+                       + f"; {statistics.median(r for _, r in steady):.2f}x") if steady else "-"
+        capacity_text = ", ".join(f"s{s} {r:.2f}x ({'never' if f is None else f})"
+                                  for s, r, f in capacity) or "-"
+        lines.append(f"| {workload} | {load:g} | {pool} | {config} | {n} | {len(rows)} | "
+                     f"{steady_text} | {capacity_text} | "
+                     f"{', '.join(f's{s}' for s in grow) or '-'} |")
     return "\n".join(lines)
 
 

@@ -125,7 +125,7 @@ def test_windows_follow_the_ratio_through_the_longest_run(tmp_path):
     setup = "simulator: llama-3.1-8b on one h100 (roofline), 8000 KV blocks of 16 tokens"
     path.write_text(json.dumps({"setup": setup, "points": [lru, cost]}))
     text = agents_sessions.windows([str(path)], every=2, at=2.0)
-    row = [line for line in text.splitlines() if "| fcfs+cost+tier |" in line]
+    row = [line for line in text.splitlines() if "| 0 | fcfs+cost+tier |" in line]
     assert len(row) == 1
     cells = [c.strip() for c in row[0].split("|")]
     assert cells[6] == "6"
@@ -133,6 +133,8 @@ def test_windows_follow_the_ratio_through_the_longest_run(tmp_path):
     assert cells[8] == "1.00x / 3.00x / 9.00x"
     assert cells[9] == "0.0 / 10.0 / 20.0 ; 0.0 / 0.0 / 0.0"  # t in [0,4), [4,8), [8,12)
     assert cells[10] == "4" and cells[11] == "capacity"
+    summary = [line for line in text.splitlines() if line.startswith("| agent-swe | 0.5 | 8000 |")]
+    assert summary[-1].endswith("| 6 | 1 | - | s0 4.33x (4) | - |")
     # a ratio that ends below the bar is never held
     assert "| never |" in agents_sessions.windows([str(path)], every=2, at=5.0)
     with pytest.raises(SystemExit, match="--every"):
