@@ -560,10 +560,11 @@ def by_seed(paths: list[str], base: str = "fcfs+lru") -> str:
 QUEUE_STEADY = 2.0  # requests: a late window waiting at most this (or 1.25x the early one)
 
 
-def _waiting(point: dict[str, Any]) -> tuple[float, float, int] | None:
-    """Mean requests waiting over 20-60% and over 60-100% of the arrival span, and the most
-    waiting at once (from the run's queue samples). A queue that grows without bound waits
-    more late than early; a steady one waits alike (near nothing here). Unlike the mean PCT of
+def _waiting(point: dict[str, Any]) -> tuple[float, float, float, int] | None:
+    """Mean requests waiting over 20-60%, over 60-100% and over the last 20% of the arrival
+    span, and the most waiting at once (from the run's queue samples). A queue that grows
+    without bound waits more late than early and is still long at the end; a steady one waits
+    alike (near nothing here), or drains a burst before the arrivals end. Unlike the mean PCT of
     a window, it does not move with which programs (how long, how heavy) fall in the window."""
     samples = point.get("queue_series")
     if not samples:
@@ -575,18 +576,24 @@ def _waiting(point: dict[str, Any]) -> tuple[float, float, int] | None:
         values = [s[2] for s in samples if lo * span <= s[0] < hi * span]
         return statistics.fmean(values) if values else math.nan
 
-    return mean(0.2, 0.6), mean(0.6, 1.0 + 1e-9), max(s[2] for s in samples)
+    return mean(0.2, 0.6), mean(0.6, 1.0 + 1e-9), mean(0.8, 1.0 + 1e-9), max(s[2] for s in samples)
 
 
-def _queue_steady(waiting: tuple[float, float, int]) -> bool:
-    early, late, _ = waiting
-    return late <= max(QUEUE_STEADY, 1.25 * early)
+def _queue_steady(waiting: tuple[float, float, float, int]) -> bool:
+    """Steady: the queue late in the run (60-100% of the arrival span) is no longer than early
+    (20-60%; at most 2 requests, or 1.25x), or it has drained back to that by the last 20% while
+    programs still arrive at the same rate (a burst that passed: a queue that grows without
+    bound cannot shrink before the arrivals stop)."""
+    early, late, last, _ = waiting
+    bar = max(QUEUE_STEADY, 1.25 * early)
+    return late <= bar or last <= bar
 
 
 def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
     """The PCT-vs-horizon table: per workload, load, pool, seed and configuration, the mean
     program completion time at every run length with its growth from each length to the next;
-    the requests waiting early and late in the longest run (`_waiting`); recomputed prompt tokens
+    the requests waiting early, late and at the end of the longest run (`_waiting`); recomputed
+    prompt tokens
     per program there. A configuration is steady when the longest run's queue does not grow
     (`_queue_steady`); the PCT growth is shown beside it (it also moves with the heavy tail of
     the programs a longer run adds). Then per point the ratio of `base` to every other
@@ -601,7 +608,8 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
             runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
     lines = [
         "| workload | load | pool | seed | config | PCT mean by programs (growth) "
-        "| waiting early / late (max), longest run | recomputed per program | queue steady |",
+        "| waiting early / late / last (max), longest run | recomputed per program "
+        "| queue steady |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     ratio_lines = [
@@ -622,7 +630,8 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
             waiting = _waiting(by_n[with_queue[-1]]) if with_queue else None
             if waiting:
                 steady_of[config] = _queue_steady(waiting)
-                queue_text = f"{waiting[0]:.1f} / {waiting[1]:.1f} ({waiting[2]}), {with_queue[-1]}"
+                queue_text = (f"{waiting[0]:.1f} / {waiting[1]:.1f} / {waiting[2]:.1f} "
+                              f"({waiting[3]}), {with_queue[-1]}")
             else:  # an older run without queue samples: the PCT growth decides
                 steady_of[config] = max(growths) <= GROWTH_STEADY if growths else None
                 queue_text = "- (by PCT growth)"

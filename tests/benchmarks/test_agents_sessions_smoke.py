@@ -98,7 +98,7 @@ def test_horizon_judges_steadiness_by_the_queue_not_by_the_mean(tmp_path):
     rows = {line.split("|")[5].strip(): line for line in text.splitlines()
             if line.startswith("| agent-swe") and "x |" not in line and "capacity" not in line}
     assert rows["fcfs+lru"].rstrip(" |").endswith("no")
-    assert "0.0 / 30.0 (30), 300" in rows["fcfs+lru"]
+    assert "0.0 / 30.0 / 30.0 (30), 300" in rows["fcfs+lru"]
     assert rows["fcfs+cost+tier"].rstrip(" |").endswith("yes")
     assert "100: 40.0 → 300: 50.0 (x1.25)" in rows["fcfs+cost+tier"]
     verdict = [line for line in text.splitlines() if "capacity" in line]
@@ -139,3 +139,23 @@ def test_windows_follow_the_ratio_through_the_longest_run(tmp_path):
     assert "| never |" in agents_sessions.windows([str(path)], every=2, at=5.0)
     with pytest.raises(SystemExit, match="--every"):
         agents_sessions.windows([str(path)], every=0)
+
+
+def test_a_burst_that_drains_before_the_arrivals_end_is_steady():
+    import agents_sessions
+
+    def point(waiting):
+        return {"num_programs": 100, "load": 1.0, "queue_series": [
+            (t, 0.5, waiting(t), 4) for t in range(100)]}
+
+    # 0-2 waiting, a burst of 30 over 60-80% of the arrivals, drained to 1 by the last 20%
+    burst = agents_sessions._waiting(point(lambda t: 30 if 60 <= t < 80 else t % 3))
+    about_one = pytest.approx(1.0, abs=0.05)
+    assert burst == (about_one, pytest.approx(15.5), about_one, 30)
+    assert agents_sessions._queue_steady(burst)
+    # the same queue still 30 deep at the end: it grows
+    grows = agents_sessions._waiting(point(lambda t: 30 if t >= 60 else t % 3))
+    assert grows[1:3] == (30.0, 30.0) and not agents_sessions._queue_steady(grows)
+    # a long queue that stays as long is steady; one that grows past 1.25x of it is not
+    assert agents_sessions._queue_steady((10.0, 12.0, 12.0, 20))
+    assert not agents_sessions._queue_steady((10.0, 13.0, 13.0, 20))
