@@ -11,7 +11,8 @@ OUT=${1:-results/swe-horizon}
 JOBS=${2:-$OUT/jobs.txt}
 PY=${PY:-python}
 mkdir -p "$OUT"
-if [ ! -e "$JOBS" ]; then  # the list the doc's figures came from, in the order they ran
+if [ ! -e "$JOBS" ]; then  # the doc's points: the first 18 in the order they ran, then the
+  # later ones (LRU at 0.32-0.35 and in 0.01 steps over 0.29-0.34, the pin at 0.32-0.35)
   cat > "$JOBS" <<'LIST'
 0.32 1080 1 fcfs:cost+tier
 0.32 1080 2 fcfs:cost+tier
@@ -31,6 +32,21 @@ if [ ! -e "$JOBS" ]; then  # the list the doc's figures came from, in the order 
 0.35 1080 1 fcfs:lru
 0.32 1080 0 fcfs:cost+tier
 0.32 1080 2 fcfs:ttl
+0.32 1080 2 fcfs:lru
+0.35 1080 2 fcfs:lru
+0.35 1080 1 fcfs:ttl
+0.30 1080 1 fcfs:lru
+0.30 1080 2 fcfs:lru
+0.34 1080 1 fcfs:lru
+0.34 1080 2 fcfs:lru
+0.29 1080 1 fcfs:lru
+0.29 1080 2 fcfs:lru
+0.31 1080 1 fcfs:lru
+0.31 1080 2 fcfs:lru
+0.33 1080 1 fcfs:lru
+0.33 1080 2 fcfs:lru
+0.30 1080 1 fcfs:cost+tier
+0.30 1080 2 fcfs:cost+tier
 LIST
 fi
 worker() {
