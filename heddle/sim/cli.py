@@ -82,7 +82,17 @@ def simulate_once(
     args: argparse.Namespace, rate: float | None, progress: bool, recorder: Any = None
 ) -> tuple[Any, Any]:
     """One simulated run; `recorder` (a heddle.view ViewRecorder) watches its steps."""
-    from heddle.sim.simulator import build_sim_engine, simulate
+    from heddle.sim.simulator import simulate
+
+    workload, engine = build_once(args, rate)
+    if recorder is not None:
+        recorder.attach(engine)
+    return workload, simulate(workload, engine, progress=progress)
+
+
+def build_once(args: argparse.Namespace, rate: float | None) -> tuple[Any, Any]:
+    """The workload and the simulated engine of one run of `heddle simulate` with `args`."""
+    from heddle.sim.simulator import build_sim_engine
     from heddle.workloads import get_workload
 
     workload = get_workload(
@@ -111,9 +121,7 @@ def simulate_once(
         cost_model=args.cost_model,
         max_model_len=args.max_model_len,
     )
-    if recorder is not None:
-        recorder.attach(engine)
-    return workload, simulate(workload, engine, progress=progress)
+    return workload, engine
 
 
 def run_simulate(args: argparse.Namespace) -> int:
