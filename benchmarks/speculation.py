@@ -7,6 +7,9 @@ the next, until `requests` have finished. Reported: output tokens per second ove
     # the real CPU engine (embedded SmolLM2-135M), greedy, prompt lookup:
     .venv/bin/python benchmarks/speculation.py real --workload repetitive --streams 1,4,16,64
     .venv/bin/python benchmarks/speculation.py real --workload chat --streams 1,4,16,64
+    # speculation on identical work (the batch-invariant mode) and what that mode costs:
+    .venv/bin/python benchmarks/speculation.py invariant-cost --workload chat \
+        --points 4:3,4:6,1:3,2:3,8:3 --vary-len 32,96 --requests 4 --repeats 5
     # the simulator (a roofline cost model), acceptance per workload:
     .venv/bin/python benchmarks/speculation.py sim --model llama-3.1-8b --hardware h100 \
         --acceptance 0.75 --streams 1,2,4,8,16,32,64,128,256
@@ -672,74 +675,136 @@ def run_steps(args: argparse.Namespace) -> dict[str, Any]:
             "rows": []}
 
 
+class _DraftSteps:
+    """An executor that forwards to `executor` and counts the steps that verify drafts."""
+
+    def __init__(self, executor: Any) -> None:
+        self.executor = executor
+        self.steps_with_drafts = 0
+
+    def execute(self, scheduler_output: Any) -> Any:
+        self.steps_with_drafts += bool(scheduler_output.draft_token_ids)
+        return self.executor.execute(scheduler_output)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.executor, name)
+
+
 def run_invariant_cost(args: argparse.Namespace) -> dict[str, Any]:
-    """What batch-invariant linears cost: the same closed loops on two executors of the
-    embedded model, the default one and one with ModelConfig.batch_invariant, interleaved
-    (default, invariant, default, ...), speculation off and adaptive; tokens/s medians and
-    the median of the ratios paired within each round; and whether the invariant runs'
-    outputs match each other (adaptive vs off) and the default's."""
+    """Speculation on identical work, and what the batch-invariant mode costs: the same closed
+    loops on two executors of the embedded model, the default one and one with
+    ModelConfig.batch_invariant, for each of `--cost-runs` (executor/mode pairs, default
+    default/off, invariant/off, invariant/adaptive), interleaved round by round. Per streams:
+    tok/s per run, the medians of the ratios paired within each round (invariant adaptive /
+    invariant off: speculation alone, the outputs being identical; invariant off / default
+    off: the mode's cost), the output tokens, steps, drafts and executor seconds of every run,
+    and the outputs of every run that differ from invariant/off's first round (each round and
+    mode counted: in the invariant mode 0 is expected)."""
+    import torch
+
     from heddle.config import ModelConfig
     from heddle.model.executor import ModelExecutor
+    from heddle.model.step_log import StepRecorder
 
-    cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
-    executors = {"default": ModelExecutor(ModelConfig(), cache),
-                 "invariant": ModelExecutor(ModelConfig(batch_invariant=True), cache)}
-    tokenizer = executors["default"].tokenizer
-    assert tokenizer is not None
     configs = speculation_configs("ngram", args.k)
-    modes = {"off": configs["off"], "adaptive": configs["adaptive"]}
+    for run_name in args.cost_runs:
+        name, _, mode = run_name.partition("/")
+        if name not in ("default", "invariant") or mode not in configs:
+            raise SystemExit(f"--cost-runs: {run_name!r} is not EXECUTOR/MODE with EXECUTOR "
+                             f"default or invariant and MODE one of {', '.join(configs)}")
+    cache = CacheConfig(block_size=16, num_blocks=args.num_blocks)
+    names = sorted({run.split("/")[0] for run in args.cost_runs})
+    models = {name: ModelExecutor(ModelConfig(batch_invariant=name == "invariant"), cache)
+              for name in names}
+    recorders = {name: StepRecorder(model) for name, model in models.items()}
+    tokenizer = next(iter(models.values())).tokenizer
     warm = real_prompts(tokenizer, args.workload, 2)
-    for executor in executors.values():
-        for spec in modes.values():
-            engine = make_engine(executor, executor, cache, args.budget, 2, spec)
-            closed_loop(engine, warm, SamplingParams(temperature=0.0,
-                                                     max_tokens=args.warmup_tokens), 2,
-                        time.perf_counter, prefix="warm-")
+    for run_name in args.cost_runs:
+        name, mode = run_name.split("/")
+        engine = make_engine(recorders[name], models[name], cache, args.budget, 2,
+                             configs[mode])
+        closed_loop(engine, warm, SamplingParams(temperature=0.0,
+                                                 max_tokens=args.warmup_tokens), 2,
+                    time.perf_counter, prefix="warm-")
     rows: list[dict[str, Any]] = []
-    for streams in args.streams:
-        num = max(args.requests, args.per_stream * streams)
+    started = time.perf_counter()
+    reference_run = "invariant/off" if "invariant/off" in args.cost_runs else args.cost_runs[0]
+    points = args.points or [(streams, args.per_stream) for streams in args.streams]
+    for streams, per_stream in points:
+        num = max(args.requests, per_stream * streams)
         prompts = real_prompts(tokenizer, args.workload, num)
-        params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
-        runs: dict[str, list[float]] = {}
-        outputs: dict[str, dict[str, list[int]]] = {}
+        params = output_params(args, num)
+        runs: dict[str, list[dict[str, Any]]] = {run_name: [] for run_name in args.cost_runs}
+        reference: dict[str, list[int]] | None = None
         for repeat in range(args.repeats):
-            for mode, spec in modes.items():
-                for name, executor in executors.items():
-                    engine = make_engine(executor, executor, cache, args.budget, streams, spec)
-                    run = closed_loop(engine, prompts, params, streams, time.perf_counter,
-                                      prefix=f"{streams}-{name}-{mode}-{repeat}-")
-                    runs.setdefault(f"{name}/{mode}", []).append(run["tokens_per_second"])
-                    outputs.setdefault(f"{name}/{mode}", run["outputs"])
-                    print(f"  streams={streams} {name}/{mode} #{repeat}: "
-                          f"{run['tokens_per_second']:.1f} tok/s", flush=True)
+            order = list(args.cost_runs) if repeat == 0 else (
+                args.cost_runs[repeat % len(args.cost_runs):]
+                + args.cost_runs[:repeat % len(args.cost_runs)])
+            if repeat == 0:  # the reference first
+                order.remove(reference_run)
+                order.insert(0, reference_run)
+            for run_name in order:
+                name, mode = run_name.split("/")
+                recorder = recorders[name]
+                recorder.steps.clear()
+                counter = _DraftSteps(recorder)
+                engine = make_engine(counter, models[name], cache, args.budget, streams,
+                                     configs[mode])
+                run = closed_loop(engine, prompts, params, streams, time.perf_counter,
+                                  prefix=f"{streams}-{run_name}-{repeat}-")
+                outputs = run.pop("outputs")
+                run.pop("per_request")
+                if reference is None:
+                    reference = outputs
+                run["differ_from_reference"] = sum(outputs[key] != reference[key]
+                                                   for key in reference)
+                run["executor_seconds"] = sum(seconds for _, seconds in recorder.steps)
+                run["steps_with_drafts"] = counter.steps_with_drafts
+                run["round"] = repeat
+                if engine.scheduler.speculator is not None:
+                    run["steps_skipped"] = engine.scheduler.speculator.num_steps_skipped
+                runs[run_name].append(run)
+                print(f"  streams={streams} {run_name} #{repeat}: "
+                      f"{run['tokens_per_second']:.1f} tok/s, {run['output_tokens']} tokens, "
+                      f"{run['steps']} steps, {run['drafted']} drafted "
+                      f"({run['steps_with_drafts']} steps), differ "
+                      f"{run['differ_from_reference']}, executor "
+                      f"{run['executor_seconds']:.2f} s "
+                      f"({time.perf_counter() - started:.0f} s so far)", flush=True)
 
-        def differ(a: str, b: str, outputs: dict[str, dict[str, list[int]]] = outputs) -> int:
-            return sum(outputs[a][key] != outputs[b][key] for key in outputs[a])
+        def paired(a: str, b: str, runs: dict[str, list[dict[str, Any]]] = runs) -> Any:
+            if a not in runs or b not in runs:
+                return None
+            ratios = [x["tokens_per_second"] / y["tokens_per_second"]
+                      for x, y in zip(runs[a], runs[b], strict=True)]
+            return {"median": statistics.median(ratios), "rounds": ratios}
 
-        base = runs["default/off"]
-        rows.append({
-            "streams": streams,
-            "tokens_per_second": {k: statistics.median(v) for k, v in runs.items()},
-            "ratio_to_default_off": {k: statistics.median(x / o for x, o in zip(v, base,
-                                                                                strict=True))
-                                     for k, v in runs.items()},
-            "invariant_over_default": {
-                mode: statistics.median(i / d for i, d in zip(
-                    runs[f"invariant/{mode}"], runs[f"default/{mode}"], strict=True))
-                for mode in modes},
-            "adaptive_over_off": {
-                name: statistics.median(a / o for a, o in zip(
-                    runs[f"{name}/adaptive"], runs[f"{name}/off"], strict=True))
-                for name in executors},
-            "outputs": len(prompts),
-            "differ_adaptive_vs_off": {name: differ(f"{name}/adaptive", f"{name}/off")
-                                       for name in executors},
-            "differ_invariant_vs_default_off": differ("invariant/off", "default/off"),
-        })
-        print(json.dumps(rows[-1]), flush=True)
+        row = {
+            "streams": streams, "per_stream": per_stream, "requests": num,
+            "tokens_per_second": {k: statistics.median(r["tokens_per_second"] for r in v)
+                                  for k, v in runs.items()},
+            "adaptive_over_off_invariant": paired("invariant/adaptive", "invariant/off"),
+            "fixed_over_off_invariant": paired(f"invariant/fixed-k{args.k}", "invariant/off"),
+            "adaptive_over_off_default": paired("default/adaptive", "default/off"),
+            "invariant_over_default_off": paired("invariant/off", "default/off"),
+            "differ_from_reference": {k: sum(r["differ_from_reference"] for r in v)
+                                      for k, v in runs.items()},
+            "compared": num * args.repeats, "reference": reference_run,
+            "runs": runs,
+        }
+        rows.append(row)
+        summary = {k: v for k, v in row.items() if k != "runs"}
+        print(json.dumps(summary), flush=True)
+        Path("results").mkdir(exist_ok=True)
+        Path(f"results/speculation_invariant_cost_{args.workload}{args.tag}.partial.json"
+             ).write_text(json.dumps({"cost_rows": rows}))
+    model = next(iter(models.values()))
     return {"mode": "invariant-cost", "workload": args.workload, "repeats": args.repeats,
-            "output_len": args.output_len, "cost_rows": rows, "rows": [],
-            "quantization": executors["default"].quantization}
+            "output_len": args.output_len, "vary_len": args.vary_len, "k": args.k,
+            "cost_runs": args.cost_runs, "cost_rows": rows, "rows": [],
+            "quantization": {name: m.quantization for name, m in models.items()},
+            "threads": torch.get_num_threads(), "model": model.model_name,
+            "wall_seconds": time.perf_counter() - started}
 
 
 def run_kernels(args: argparse.Namespace) -> dict[str, Any]:
@@ -816,6 +881,55 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(rows: list[dict[str, Any]]) -> str:
+    """invariant-cost: a markdown table per point (medians, the paired ratios of each round,
+    and per run name the output tokens, steps, steps with drafts, executor ms per output token
+    and host ms per step of its rounds, medians)."""
+    def fmt(ratio: dict[str, Any] | None) -> str:
+        if ratio is None:
+            return "-"
+        return f"**{ratio['median']:.3f}** ({', '.join(f'{r:.3f}' for r in ratio['rounds'])})"
+
+    lines = ["| streams x requests | invariant adaptive / off (rounds) | invariant off / default "
+             "off (rounds) | outputs differing from invariant off |",
+             "|---|---|---|---|"]
+    for row in rows:
+        differ = ", ".join(f"{k} {v}" for k, v in row["differ_from_reference"].items())
+        lines.append(f"| {row['streams']} x {row['requests']} | "
+                     f"{fmt(row['adaptive_over_off_invariant'])} | "
+                     f"{fmt(row['invariant_over_default_off'])} | {differ} of "
+                     f"{row['compared']} each |")
+    lines += ["", "| streams x requests | run | tok/s | output tokens | steps | steps with "
+              "drafts | drafted / accepted | executor ms / token | host ms / step |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for name, runs in row["runs"].items():
+            def med(key: str, runs: list[dict[str, Any]] = runs) -> float:
+                return statistics.median(r[key] for r in runs)
+
+            per_token = statistics.median(1000 * r["executor_seconds"] / r["output_tokens"]
+                                          for r in runs)
+            host = statistics.median(1000 * (r["seconds"] - r["executor_seconds"]) / r["steps"]
+                                     for r in runs)
+            lines.append(f"| {row['streams']} x {row['requests']} | {name} | "
+                         f"{med('tokens_per_second'):.1f} | {med('output_tokens'):.0f} | "
+                         f"{med('steps'):.0f} | {med('steps_with_drafts'):.0f} | "
+                         f"{med('drafted'):.0f} / {med('accepted'):.0f} | {per_token:.2f} | "
+                         f"{host:.2f} |")
+    return "\n".join(lines)
+
+
+def _points(text: str) -> list[tuple[int, int]]:
+    """STREAMS:PER_STREAM,... (e.g. 4:3,4:6)."""
+    points = []
+    for item in text.split(","):
+        streams, sep, per_stream = item.partition(":")
+        if not sep or not streams.isdigit() or not per_stream.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r} is not STREAMS:PER_STREAM")
+        points.append((int(streams), int(per_stream)))
+    return points
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
@@ -854,6 +968,13 @@ def main() -> None:
     parser.add_argument("--rows", type=_ints, default=[1, 2, 4, 5, 8, 16, 17, 32, 33, 64, 80],
                         help="kernels: the row counts of each call")
     parser.add_argument("--num-blocks", type=int, default=1280, help="real: the KV pool")
+    parser.add_argument("--points", type=_points, default=None,
+                        help="invariant-cost: STREAMS:PER_STREAM points, in this order "
+                        "(instead of --streams and --per-stream)")
+    parser.add_argument("--cost-runs", type=lambda t: t.split(","),
+                        default=["default/off", "invariant/off", "invariant/adaptive"],
+                        help="invariant-cost: EXECUTOR/MODE runs, EXECUTOR default or "
+                        "invariant, MODE off, fixed-kK or adaptive")
     parser.add_argument("--sim-streams", type=_ints, default=[1, 2, 4, 8, 16, 32, 64],
                         help="real: the streams of the simulator fitted to the run")
     parser.add_argument("--model", default="llama-3.1-8b", help="sim only")
@@ -869,9 +990,12 @@ def main() -> None:
     run = {"sim": run_sim, "real": run_real, "fit": run_fit, "invariance": run_invariance,
            "kernels": run_kernels, "invariant-cost": run_invariant_cost,
            "invariance-causes": run_causes, "steps": run_steps}
+    started_utc = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    print(f"started {started_utc}; machine: {machine_line()}", flush=True)
     result = run[args.mode](args)
     model, flags = cpuinfo()
     result["machine"] = machine_line()
+    result["utc"] = f"{started_utc} .. {time.strftime('%H:%M:%S UTC', time.gmtime())}"
     summary = {k: v for k, v in result.items()
                if k not in ("rows", "sim_rows", "lengths", "lookup")}
     print(f"\n{args.mode}: {json.dumps(summary)}")
@@ -881,6 +1005,8 @@ def main() -> None:
         print(f"prompt lookup along the outputs: {json.dumps(result['lookup'])}")
     if result["rows"]:
         print(table(result["rows"]))
+    if result.get("cost_rows"):
+        print(cost_table(result["cost_rows"]))
     if result.get("sim_rows"):
         print("\nthe simulator fitted to this run (profiled cost model, acceptance "
               f"{result['fitted']['acceptance']:.3f} +- {result['fitted']['spread']:.3f}, "
