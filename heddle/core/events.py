@@ -38,9 +38,8 @@ so a list entry costs 8 bytes like an array's. A step that evicted appends three
 three more plain lists (its step, its time, and where its span of those lists ends), inline in
 `end_step`, no container object: a kept tuple per step made the garbage collector run more
 often, and its full passes are what a long run pays; ints and floats are not objects it
-tracks (the step and the time are objects the log holds anyway). Typed arrays, as before,
-took about twice as long per append (timeit): their append is a method call that converts
-its argument. The order of evictions among the other events costs the
+tracks (the step and the time are objects the log holds anyway); typed arrays took about
+twice as long per append (timeit). The order of evictions among the other events costs the
 eviction nothing: each of the rarer other events notes how many evictions came before it.
 The lists are a bounded detail ring of their own (`detail_capacity` blocks, the older half
 dropped when they hold twice that); an `Eviction` is built from them when it is read, and
