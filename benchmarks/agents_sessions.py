@@ -589,6 +589,21 @@ def _queue_steady(waiting: tuple[float, float, float, int]) -> bool:
     return late <= bar or last <= bar
 
 
+def _runs_by_point(
+    paths: list[str],
+) -> dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]]:
+    """The saved points of `paths` by (workload, load, pool, seed), then configuration, then
+    number of programs."""
+    runs: dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for point in data["points"]:
+            key = (point["workload"], point["load"], _pool(data), point["seed"])
+            config = f"{point['policy']}+{point['retention']}"
+            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
+    return runs
+
+
 def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
     """The PCT-vs-horizon table: per workload, load, pool, seed and configuration, the mean
     program completion time at every run length with its growth from each length to the next;
@@ -599,13 +614,7 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
     the programs a longer run adds). Then per point the ratio of `base` to every other
     configuration at each length, and whether it is a steady verdict (both steady), a capacity
     verdict (`base` grows, the other is steady) or neither."""
-    runs: dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]] = {}
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        for point in data["points"]:
-            key = (point["workload"], point["load"], _pool(data), point["seed"])
-            config = f"{point['policy']}+{point['retention']}"
-            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
+    runs = _runs_by_point(paths)
     lines = [
         "| workload | load | pool | seed | config | PCT mean by programs (growth) "
         "| waiting early / late / last (max), longest run | recomputed per program "
@@ -701,13 +710,7 @@ def windows(paths: list[str], base: str = "fcfs+lru", every: int = 180,
     queue test on the whole run."""
     if every < 1:
         raise SystemExit(f"windows: --every must be a positive number of programs, not {every}")
-    runs: dict[tuple[str, float, int, int], dict[str, dict[int, dict[str, Any]]]] = {}
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        for point in data["points"]:
-            key = (point["workload"], point["load"], _pool(data), point["seed"])
-            config = f"{point['policy']}+{point['retention']}"
-            runs.setdefault(key, {}).setdefault(config, {})[point["num_programs"]] = point
+    runs = _runs_by_point(paths)
     lines = [
         f"| workload | load | pool | seed | {base} / config | programs | prefix mean PCT ratio "
         f"by programs | window ratio by window | waiting per window, {base} ; config "
