@@ -27,9 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim_fidelity import GAP_EDGES_S, TARGET_FIGURES, _row, _summary_value, scaled
+from sim_fidelity import (
+    GAP_EDGES_S,
+    TARGET_FIGURES,
+    _row,
+    _summary_value,
+    saved_engine_config,
+    scaled,
+)
 
-from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from heddle.errors import HeddleError
 from heddle.metrics import summarize
 from heddle.model.step_log import load_step_gaps, load_steps
@@ -93,12 +99,7 @@ def own_speed(saved: dict[str, Any], cost: ProfiledCostModel, case: dict[str, An
               runs: list[tuple[Steps, list[float | None]]]) -> tuple[list[float], dict[str, float]]:
     """(each run's speed, median over the runs of each figure's relative error) with each run
     simulated at its own speed."""
-    config = EngineConfig(
-        model=ModelConfig(dtype="float32"),  # unused: the simulator reads the model's shape
-        cache=CacheConfig(block_size=16, kv_cache_memory_gb=0.5),
-        scheduler=SchedulerConfig(max_num_batched_tokens=saved["budget"],
-                                  max_num_seqs=saved["max_num_seqs"]),
-    )  # fmt: skip
+    config = saved_engine_config(saved)
     workload = get_workload(case["workload"], seed=saved["seed"],
                             num_requests=saved["num_requests"], rate=case["rate"],
                             **case["options"])  # fmt: skip

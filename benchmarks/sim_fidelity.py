@@ -333,6 +333,18 @@ def print_idle(idle: dict[str, Any], names: list[str]) -> None:
           f"{100 * idle['held_out_median_abs_without']:.1f}% without")  # fmt: skip
 
 
+
+def saved_engine_config(saved: dict[str, Any]) -> EngineConfig:
+    """The engine config a saved run's re-simulation uses: its budget and seats (the model's
+    dtype and the pool size are unused: the simulator reads the model's shape)."""
+    return EngineConfig(
+        model=ModelConfig(dtype="float32"),
+        cache=CacheConfig(block_size=16, kv_cache_memory_gb=0.5),
+        scheduler=SchedulerConfig(
+            max_num_batched_tokens=saved["budget"], max_num_seqs=saved["max_num_seqs"]
+        ),
+    )
+
 def resimulate(results_path: str, cost_model_path: str) -> None:
     """Simulate a saved run's cases again with another cost model (e.g. one fit by `heddle
     profile --from-run` to that run's steps) against the real runs' saved measurements."""
@@ -340,12 +352,7 @@ def resimulate(results_path: str, cost_model_path: str) -> None:
 
     saved = json.loads(Path(results_path).read_text())
     cost = ProfiledCostModel.load(cost_model_path)
-    config = EngineConfig(
-        model=ModelConfig(dtype="float32"),  # unused: the simulator reads the model's shape
-        cache=CacheConfig(block_size=16, kv_cache_memory_gb=0.5),
-        scheduler=SchedulerConfig(max_num_batched_tokens=saved["budget"],
-                                  max_num_seqs=saved["max_num_seqs"]),
-    )  # fmt: skip
+    config = saved_engine_config(saved)
     shape = ModelShape(**saved["model_shape"])
     print(f"{results_path} re-simulated with {cost_model_path} ({cost.describe()})")
     for case in saved["cases"]:
