@@ -14,8 +14,11 @@ prediction is paired with its actual remaining length: `RemainingLenPredictor` (
 from the tokens generated, per class) and the arrival-time `OutputLenPredictor` (its one
 prediction minus the tokens generated). Requests arriving in the first `--warmup` share are
 left out. The model has no thinking phase, so every request is in its answer phase.
+`--seconds` bounds the run: the requests unfinished then (the last to arrive, the long ones
+among them most) are left out of the replay, so a short run undercounts long requests.
 
-    /work/tools/py benchmarks/predictor_accuracy_real.py --requests 200   # a few minutes
+    /work/tools/py benchmarks/predictor_accuracy_real.py --requests 160 --streams 48 \
+        --seconds 600     # ~11 min on 2 busy CPUs
 
 Writes results/predictor_accuracy_real.json and prints a markdown table.
 """
@@ -123,8 +126,10 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
     return out
 
 
-def run_real(num: int, streams: int, max_tokens: int, seed: int,
-             temperature: float) -> tuple[list[Record], dict[str, Any]]:
+def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: float,
+             seconds: float = float("inf")) -> tuple[list[Record], dict[str, Any]]:
+    """Run the chat requests; after `seconds` of running, the requests still unfinished are
+    left out of the records (said in the result: `unfinished`)."""
     from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from heddle.engine.engine import Engine
     from heddle.model.executor import ModelExecutor
@@ -145,7 +150,7 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int,
     lens: dict[int, int] = {}
     step = next_index = in_flight = 0
     started = time.perf_counter()
-    while next_index < num or in_flight:
+    while (next_index < num or in_flight) and time.perf_counter() - started < seconds:
         while in_flight < streams and next_index < num:
             i = next_index
             params = SamplingParams(temperature=temperature, top_p=0.95, seed=seed * 100003 + i,
@@ -173,8 +178,9 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int,
             print(f"  step {step}: {len([r for r in records.values() if r.finish >= 0])}/{num} "
                   f"done, {time.perf_counter() - started:.0f} s", flush=True)
     wall = time.perf_counter() - started
-    ordered = [records[i] for i in range(num)]
-    return ordered, {"steps": step, "wall_seconds": wall,
+    ordered = [r for _, r in sorted(records.items()) if r.finish >= 0]
+    return ordered, {"steps": step, "wall_seconds": wall, "finished": len(ordered),
+                     "unfinished": len(records) - len(ordered), "not_started": num - len(records),
                      "output_tokens": sum(r.output_len for r in ordered)}
 
 
@@ -188,16 +194,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--warmup", type=float, default=0.1)
+    parser.add_argument("--seconds", type=float, default=float("inf"),
+                        help="stop after this long; requests unfinished then are left out")
     args = parser.parse_args()
     utc = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     records, run = run_real(args.requests, args.streams, args.max_tokens, args.seed,
-                            args.temperature)
+                            args.temperature, args.seconds)
     result = replay_accuracy(records, args.warmup)
     machine = machine_line()
     by_class: dict[str, list[int]] = {}
     for r in records:
         by_class.setdefault(r.request_class, []).append(r.output_len)
-    print(f"real engine, SmolLM2-135M-Instruct Q4_1, {args.requests} chat requests "
+    print(f"real engine, SmolLM2-135M-Instruct Q4_1, {run['finished']} chat requests finished "
+          f"of {args.requests} ({run['unfinished']} unfinished, {run['not_started']} not started "
+          f"at the time limit) "
           f"({args.streams} streams, T={args.temperature}, seed {args.seed}, max_tokens "
           f"{args.max_tokens}), {run['output_tokens']} output tokens in "
           f"{run['wall_seconds']:.0f} s; {machine}; {utc}")
