@@ -147,7 +147,6 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: fl
     encoded = [tokenizer.encode(tokenizer.apply_chat_template(
         [{"role": "user", "content": text}])) for _, text in prompts]
     records: dict[int, Record] = {}
-    lens: dict[int, int] = {}
     step = next_index = in_flight = 0
     started = time.perf_counter()
     while (next_index < num or in_flight) and time.perf_counter() - started < seconds:
@@ -167,7 +166,6 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: fl
             for c in CHECKPOINTS:
                 if c and c not in rec.reached and n >= c:
                     rec.reached[c] = float(step)
-            lens[i] = n
             if out.finished:
                 rec.finish = step + 0.25
                 rec.output_len = n
