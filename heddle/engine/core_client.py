@@ -152,10 +152,16 @@ class CoreClient:
         startup_timeout: float = 600.0,
         keep_records: bool = False,
         event_source: Callable[[Any], Callable[[], list[Any]]] | None = None,
+        term_grace: float = 60.0,
     ) -> None:
         """`event_source(engine)` runs in the core and returns what to send after each step
-        (see CoreSpec); the front end hands it to `add_event_listener` callbacks."""
+        (see CoreSpec); the front end hands it to `add_event_listener` callbacks. `term_grace`:
+        how long the core serves on after a SIGTERM (one to the process group reaches it too)
+        waiting for this client's Shutdown; longer than this client's drain at shutdown."""
+        if not term_grace > 0:
+            raise ValueError("term_grace must be a positive number of seconds")
         self.factory = factory
+        self.term_grace = term_grace
         self.event_source = event_source
         self.restart = restart
         self.cpus = cpus
@@ -178,6 +184,7 @@ class CoreClient:
         self._dead: BaseException | None = None
         self._stopping = False
         self._restarting: asyncio.Task[None] | None = None
+        self._spawning: _CoreHandle | None = None  # a core starting (not yet ready)
 
     # -- what the server reads --------------------------------------------------------------
     @property
@@ -227,16 +234,26 @@ class CoreClient:
     def _spawn(self) -> tuple[_CoreHandle, Ready]:
         def spec_for(commands: str, outputs: str) -> CoreSpec:
             return CoreSpec(
-                self.factory, commands, outputs, self.cpus, event_source=self.event_source
+                self.factory,
+                commands,
+                outputs,
+                self.cpus,
+                event_source=self.event_source,
+                term_grace=self.term_grace,
             )
 
         handle = _CoreHandle(self._context, spec_for)
+        self._spawning = handle
         try:
+            if self._stopping:  # shut down while this thread was on its way here
+                raise EngineDeadError("the engine has been shut down")
             ready = handle.wait_ready(self.startup_timeout)
         except BaseException:
             handle.process.kill()
             handle.close()
             raise
+        finally:
+            self._spawning = None
         logger.info("engine core ready (pid %d, %s)", ready.pid, ready.model_name)
         return handle, ready
 
@@ -260,6 +277,7 @@ class CoreClient:
         self._stopping = True
         if self._restarting is not None:
             self._restarting.cancel()
+            self._stop_spawning()
         handle = self._handle
         if handle is not None and handle.alive:
             handle.expected_exit = True
@@ -273,9 +291,18 @@ class CoreClient:
             self._detach(handle)
             await asyncio.to_thread(handle.close, timeout or 10.0)
 
+    def _stop_spawning(self) -> None:
+        """A restart's core still loading: killed, so that its thread (`_spawn`, which closes
+        it) ends now instead of after a model load, and no core outlives the shutdown."""
+        spawning = self._spawning
+        if spawning is not None:
+            with contextlib.suppress(OSError):
+                spawning.process.kill()
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """From outside the event loop (after it ended): stop the core process."""
         self._stopping = True
+        self._stop_spawning()
         handle = self._handle
         if handle is None or handle.closed:
             return
@@ -491,8 +518,12 @@ class CoreClient:
     async def _restart(self) -> None:
         delay = 0.5
         while not self._stopping:
+            spawn = asyncio.ensure_future(asyncio.to_thread(self._spawn))
             try:
-                handle, ready = await asyncio.to_thread(self._spawn)
+                handle, ready = await asyncio.shield(spawn)
+            except asyncio.CancelledError:  # shut down meanwhile: a core it starts is closed
+                spawn.add_done_callback(_close_spawned)
+                raise
             except Exception as e:
                 logger.error("restarting the engine core failed (%s); retrying in %.1f s", e, delay)
                 await asyncio.sleep(delay)
@@ -518,6 +549,15 @@ class CoreClient:
             state.stream._put(error)
         self._requests.clear()
         self._outbox.clear()
+
+
+def _close_spawned(spawn: asyncio.Future[tuple[_CoreHandle, Ready]]) -> None:
+    """A restart's spawn that finished after the restart was cancelled: its core is stopped."""
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    handle, _ = spawn.result()
+    handle.process.kill()
+    handle.close()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

@@ -10,7 +10,9 @@ ZeroMQ sockets to the front end, sends `Ready`, then loops:
     send one StepBatch: new token ids per sequence, command answers, stats, records, events
 
 The engine here does not detokenize: the front end turns token ids into text, finds stop
-strings and sends `Stop` back. The core exits on `Shutdown`, or when its parent process is gone:
+strings and sends `Stop` back. The core exits on `Shutdown`, or when its parent process is gone
+(SIGINT is ignored and SIGTERM deferred: a signal to the process group reaches the front end,
+which drains its requests first, then sends Shutdown):
 a watchdog thread (`watch_parent`) polls for that in every phase (the model loading, warm-up,
 between and during steps), so the core never outlives its front end.
 """
@@ -79,6 +81,9 @@ class CoreSpec:
     # Per-step data for the front end (the live view's decision events): given the engine, a
     # callable that returns what to send after each step (msgpack-able values). Pickled.
     event_source: Callable[[Engine], Callable[[], list[Any]]] | None = None
+    # Seconds the core serves on after a SIGTERM, waiting for the front end's Shutdown (a
+    # SIGTERM to the process group reaches both; the front end drains first).
+    term_grace: float = 60.0
 
 
 def engine_from_config(config: EngineConfig, **engine_kwargs: Any) -> Engine:
@@ -325,8 +330,12 @@ def portable_tokenizer(tokenizer: Any) -> Any:
 def serve(spec: CoreSpec) -> int:
     """Run one core until it is told to stop; returns the exit status."""
     # The front end decides when the core stops: a Ctrl-C reaches the whole process group,
-    # and the front end first drains its requests, then sends Shutdown.
+    # and the front end first drains its requests, then sends Shutdown. So does a SIGTERM sent
+    # to the group (`timeout`, `kill -- -PGID`, a service manager stopping the unit): the core
+    # serves on while the front end drains, and exits on its own only `term_grace` seconds
+    # later (a SIGTERM sent to the core alone, with no Shutdown to follow).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _deferred_sigterm(spec.term_grace))
     if spec.cpus:
         with contextlib.suppress(OSError, AttributeError):
             os.sched_setaffinity(0, spec.cpus)
@@ -360,6 +369,27 @@ def serve(spec: CoreSpec) -> int:
         outputs.close()
         context.term()
     return 0
+
+
+def _deferred_sigterm(grace: float) -> Callable[[int, Any], None]:
+    """A SIGTERM handler: exit `grace` seconds from the first SIGTERM unless a Shutdown from the
+    front end (or its death, `watch_parent`) ends the core first."""
+    timer: list[threading.Timer] = []
+
+    def exit_now() -> None:
+        logger.warning("no Shutdown %.0f s after SIGTERM; the engine core exits", grace)
+        logging.shutdown()
+        os._exit(128 + signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if timer:
+            return
+        logger.info("SIGTERM: serving on until the front end's Shutdown (at most %.0f s)", grace)
+        timer.append(threading.Timer(grace, exit_now))
+        timer[0].daemon = True
+        timer[0].start()
+
+    return on_sigterm
 
 
 def watch_parent(parent_pid: int, interval: float = _PARENT_POLL_S) -> threading.Thread:

@@ -17,7 +17,7 @@ from heddle.engine.async_engine import EngineDeadError, EngineStepError
 from heddle.engine.core_client import CoreClient
 from heddle.errors import HeddleError, InvalidRequestError, QueueFullError
 from heddle.request import SamplingParams
-from tests.server.fakes import make_engine, step_counter, unloadable_engine
+from tests.server.fakes import make_engine, slow_restart_engine, step_counter, unloadable_engine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 LONG = SamplingParams(max_tokens=200, ignore_eos=True)
@@ -183,6 +183,69 @@ def test_killing_the_core_fails_every_request_then_a_new_core_serves():
     outputs, stats = with_core(test, step_time=0.01)
     assert outputs[-1].outputs[0].text == "fghij"
     assert stats.kv_blocks_used == 0
+
+
+def test_a_sigterm_to_the_process_group_lets_the_front_end_drain_first():
+    """`timeout`, `kill -- -PGID` or a service manager SIGTERM the front end and its core at
+    once: the core serves on (no failed request, no restart) until the front end's Shutdown."""
+
+    async def test(client):
+        pid = client.core_pid
+        stream = await client.add_request("r", HELLO, SamplingParams(max_tokens=40))
+        await stream.__anext__()
+        os.kill(pid, signal.SIGTERM)
+        outputs = [o async for o in stream]
+        await asyncio.sleep(0.2)  # a core that died of it would be seen (and restarted) by now
+        assert client.is_running and client.core_pid == pid and client.num_restarts == 0
+        return outputs, pid
+
+    outputs, pid = with_core(test, step_time=0.01)
+    assert outputs[-1].outputs[0].finish_reason == "length"
+    assert not _alive(pid)  # the Shutdown ended it
+
+
+def test_a_core_sigtermed_alone_exits_after_its_grace_and_is_restarted():
+    async def main():
+        client = CoreClient(functools.partial(make_engine), term_grace=0.3)
+        await client.start_async()
+        try:
+            pid = client.core_pid
+            os.kill(pid, signal.SIGTERM)  # no Shutdown follows
+            await wait_until(lambda: client.num_restarts == 1 and client.error is None)
+            assert client.core_pid != pid and not _alive(pid)
+            return await _collect(client, "after", HELLO, GREEDY)
+        finally:
+            await client.shutdown_async()
+
+    outputs = run(main())
+    assert outputs[-1].outputs[0].text == "fghij"
+    with pytest.raises(ValueError, match="term_grace"):
+        CoreClient(functools.partial(make_engine), term_grace=0)
+
+
+def test_a_shutdown_during_a_restart_stops_the_core_still_loading(tmp_path):
+    """The core dies, the client starts another (its model loads for 20 s), the server shuts
+    down: the loading core is killed and the shutdown does not wait for its load."""
+    pid_file = tmp_path / "restart.pid"
+    restarted: list[int] = []
+
+    async def main():
+        client = CoreClient(functools.partial(slow_restart_engine, str(tmp_path)))
+        await client.start_async()
+        os.kill(client.core_pid, signal.SIGKILL)
+        await wait_until(lambda: pid_file.exists() and pid_file.read_text() != "")
+        restarted.append(int(pid_file.read_text()))
+        await client.shutdown_async()
+        assert client.num_restarts == 0
+
+    start = time.monotonic()
+    try:
+        run(main())  # asyncio.run also waits for the restart's thread
+        assert time.monotonic() - start < 10
+        assert restarted and not _alive(restarted[0])
+    finally:
+        if restarted and _alive(restarted[0]):  # the fix failed: do not leave it behind
+            os.kill(restarted[0], signal.SIGKILL)
 
 
 def test_shutdown_aborts_in_flight_requests_and_refuses_new_ones():

@@ -105,6 +105,18 @@ def slow_engine(pid_file: str, seconds: float = 60.0) -> Engine:
     return make_engine()
 
 
+def slow_restart_engine(directory: str, seconds: float = 20.0) -> Engine:
+    """A factory that starts at once the first time and loads for `seconds` every later time (a
+    core restarted from a slow disk): a later core writes its pid to `directory`/restart.pid."""
+    import os
+
+    marker = os.path.join(directory, "started")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        return make_engine()
+    return slow_engine(os.path.join(directory, "restart.pid"), seconds)
+
+
 def step_counter(engine: Engine):  # -> Callable[[], list[dict]]
     """An event source for a core: one event per step, saying which step it was."""
 
