@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -76,8 +78,10 @@ class GCTimer:
 
 def run(
     num_requests: int, rate: float, seed: int, events: int, probe: bool = False
-) -> tuple[float, float, int, int]:
-    """(wall seconds, process CPU seconds, steps, events logged) of one simulation. `probe`:
+) -> tuple[float, float, int, int, str]:
+    """(wall seconds, process CPU seconds, steps, events logged, a digest of the schedule: every
+    request's first-scheduled and finish times, preemptions and cached tokens, so that two arms
+    that made the same decisions have the same digest) of one simulation. `probe`:
     also the view's probe, as an engine core runs it (`heddle.view.live.view_source`), its
     step rows and new events drained and encoded for the channel after every step, whether or
     not a page is open."""
@@ -95,7 +99,22 @@ def run(
     result = simulate(workload, engine)
     cpu = time.process_time() - cpu_start
     log = result.engine.scheduler.events if result.engine is not None else None
-    return result.wall_seconds, cpu, result.num_steps, 0 if log is None else log.num_events
+    digest = hashlib.sha256(
+        repr(
+            [
+                (
+                    r.request_id,
+                    r.first_scheduled_time,
+                    r.finish_time,
+                    r.num_preemptions,
+                    r.num_cached_tokens,
+                    r.stall_time,
+                )
+                for r in result.records
+            ]
+        ).encode()
+    ).hexdigest()[:16]
+    return result.wall_seconds, cpu, result.num_steps, 0 if log is None else log.num_events, digest
 
 
 def install_probe(engine: Engine) -> None:
@@ -155,12 +174,50 @@ def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
     return out
 
 
-def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, float]:
+def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, Any]:
     with GCTimer() as collector:
-        wall, cpu, steps, logged = run(
+        wall, cpu, steps, logged, digest = run(
             num_requests, rate, seed, 0 if arm == "off" else DEFAULT_CAPACITY, arm == "probe"
         )
-    return {"wall": wall, "cpu": cpu, "gc": collector.seconds, "steps": steps, "events": logged}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "gc": collector.seconds,
+        "steps": steps,
+        "events": logged,
+        "digest": digest,
+    }
+
+
+def _spawn_arm(num_requests: int, rate: float, seed: int, arm: str, cpu: int | None = None) -> Any:
+    """One arm in a process of its own (pinned to `cpu` if given); `_arm_result` reads it."""
+    pin = "" if cpu is None else f"os.sched_setaffinity(0, {{{cpu}}}); "
+    code = (
+        "import json, os, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
+        f"{pin}from events_cost import one_arm; "
+        f"print(json.dumps(one_arm({num_requests}, {rate!r}, {seed}, {arm!r})))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, os.path.abspath(__file__)], stdout=subprocess.PIPE
+    )
+
+
+def _arm_results(procs: dict[str, tuple[int | None, Any]]) -> dict[str, dict]:
+    out = {}
+    try:
+        for arm, (cpu, proc) in procs.items():
+            stdout, _ = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"the {arm} arm failed (exit {proc.returncode})")
+            out[arm] = json.loads(stdout.decode().strip().splitlines()[-1])
+            if cpu is not None:
+                out[arm]["cpu_id"] = cpu
+    finally:
+        for _, proc in procs.values():  # stopped early (a timeout's SIGTERM): no arm left behind
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out
 
 
 def parallel_pair(num_requests: int, rate: float, seed: int, swap: bool) -> dict[str, dict]:
@@ -168,33 +225,16 @@ def parallel_pair(num_requests: int, rate: float, seed: int, swap: bool) -> dict
     cpus = sorted(os.sched_getaffinity(0))[:2]
     if len(cpus) < 2:
         raise SystemExit("--parallel needs two CPUs")
-    procs = {}
-    for arm, cpu in zip(("on", "off"), cpus[::-1] if swap else cpus, strict=True):
-        code = (
-            "import json, os, sys; sys.path.insert(0, os.path.dirname(sys.argv[1])); "
-            f"os.sched_setaffinity(0, {{{cpu}}}); "
-            "from events_cost import one_arm; "
-            f"print(json.dumps(one_arm({num_requests}, {rate!r}, {seed}, {arm!r})))"
-        )
-        procs[arm] = (
-            cpu,
-            subprocess.Popen(
-                [sys.executable, "-c", code, os.path.abspath(__file__)], stdout=subprocess.PIPE
-            ),
-        )
-    out = {}
-    try:
-        for arm, (cpu, proc) in procs.items():
-            stdout, _ = proc.communicate()
-            if proc.returncode:
-                raise SystemExit(f"the {arm} arm failed (exit {proc.returncode})")
-            out[arm] = {**json.loads(stdout.decode().strip().splitlines()[-1]), "cpu_id": cpu}
-    finally:
-        for _, proc in procs.values():  # stopped early (a timeout's SIGTERM): no arm left behind
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return out
+    procs = {
+        arm: (cpu, _spawn_arm(num_requests, rate, seed, arm, cpu))
+        for arm, cpu in zip(("on", "off"), cpus[::-1] if swap else cpus, strict=True)
+    }
+    return _arm_results(procs)
+
+
+def fresh_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, Any]:
+    """One arm in a fresh process (`--fresh`): no arm runs on the heap another one left."""
+    return _arm_results({arm: (None, _spawn_arm(num_requests, rate, seed, arm))})[arm]
 
 
 def measure(
@@ -204,9 +244,11 @@ def measure(
     repeats: int,
     parallel: bool = False,
     probe: bool = False,
+    fresh: bool = False,
 ) -> dict[str, object]:
     """Events on and off at one length: one arm after the other, in an order that changes every
-    repeat, or (`parallel`) at the same time on two CPUs, swapped every repeat. `probe`: a
+    repeat (`fresh`: each run in a process of its own), or (`parallel`) at the same time on two
+    CPUs, swapped every repeat. `probe`: a
     third arm (one at a time only), events on with the view's probe as an engine core runs it."""
     arms = ["on", "off", "probe"] if probe else ["on", "off"]
     walls: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -221,7 +263,10 @@ def measure(
             order = arms[shift:] + arms[:shift]
             if i % 2:
                 order.reverse()
-            results = {arm: one_arm(num_requests, rate, seed, arm) for arm in order}
+            run_arm = fresh_arm if fresh else one_arm
+            results = {arm: run_arm(num_requests, rate, seed, arm) for arm in order}
+        if len({r["digest"] for r in results.values()}) != 1:
+            raise SystemExit(f"{num_requests} requests: the arms scheduled differently: {results}")
         for arm, r in results.items():
             walls[arm].append(r["wall"])
             cpus[arm].append(r["cpu"])
@@ -311,6 +356,145 @@ def summarize(
     return summary
 
 
+CALLGRIND_TOTALS = re.compile(r"^(?:totals|summary): (\d+)", re.M)
+CACHE_EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+
+
+def start_count(
+    num_requests: int, rate: float, seed: int, arm: str, out_dir: Path, cache_sim: bool = False
+) -> dict[str, Any]:
+    """Start one arm's run under valgrind's callgrind (`collect_count` waits for it): the
+    instructions the whole process executed
+    (start-up included; `instructions` subtracts two lengths to leave it out), with
+    PYTHONHASHSEED fixed so that a run is the same instructions every time. `cache_sim`: also
+    callgrind's simulated caches (first-level and last-level misses; about twice as slow)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit(
+            "--instructions needs valgrind (Debian: apt-get install -y valgrind); not found on PATH"
+        )
+    out_file = out_dir / f"callgrind.{arm}.{num_requests}.out"
+    command = [
+        valgrind,
+        "--tool=callgrind",
+        f"--callgrind-out-file={out_file}",
+        *(["--cache-sim=yes"] if cache_sim else []),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--one",
+        arm,
+        "--rate",
+        repr(rate),
+        "--seed",
+        str(seed),
+        "--num-requests",
+        str(num_requests),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, out_file, cache_sim
+
+
+def collect_count(started: Any) -> dict[str, Any]:
+    """The run `start_count` started: its `--one` result and its instruction count."""
+    proc, out_file, cache_sim = started
+    try:
+        stdout, stderr = proc.communicate()
+    finally:
+        if proc.poll() is None:  # stopped early (a timeout's SIGTERM): no run left behind
+            proc.kill()
+            proc.wait()
+    if proc.returncode:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
+        raise SystemExit(f"a run under valgrind failed (exit {proc.returncode}): {tail}")
+    result = json.loads(stdout.decode().strip().splitlines()[-1])
+    text = out_file.read_text()
+    totals = CALLGRIND_TOTALS.findall(text)
+    if not totals:
+        raise SystemExit(f"no totals in {out_file}")
+    result["instructions"] = int(totals[-1])
+    if cache_sim:
+        events = re.search(r"^events: (.+)$", text, re.M)
+        line = re.findall(r"^totals: (.+)$", text, re.M)
+        if events and line:
+            result["cache"] = dict(zip(events[1].split(), map(int, line[-1].split()), strict=False))
+    return result
+
+
+def instructions(
+    lengths: list[int], rate: float, seed: int, out_dir: Path, cache_sim: bool = False
+) -> dict[str, Any]:
+    """The instructions each arm executes, at two (or more) lengths, the two arms of a length
+    at the same time (one process each). Instruction counts do not depend on the machine's
+    load, so the verdict has no noise: per step, what events add at each length; and between
+    the shortest and the longest run, the extra steps' instructions (start-up, imports and
+    the workload's set-up cancel), on against off."""
+    if len(lengths) < 2:
+        raise SystemExit("--instructions needs two --num-requests (their difference is the run)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: dict[int, dict[str, dict[str, Any]]] = {}
+    for n in sorted(lengths):
+        started = {
+            arm: start_count(n, rate, seed, arm, out_dir, cache_sim) for arm in ("on", "off")
+        }
+        try:
+            runs[n] = {arm: collect_count(s) for arm, s in started.items()}
+        finally:
+            for proc, _, _ in started.values():  # one arm failed: the other is not left behind
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        on, off = runs[n]["on"], runs[n]["off"]
+        if on["digest"] != off["digest"] or on["steps"] != off["steps"]:
+            raise SystemExit(f"{n} requests: the arms scheduled differently ({on} vs {off})")
+        print(
+            f"  {n} requests, {on['steps']} steps: {on['instructions']:,} instructions on, "
+            f"{off['instructions']:,} off: events add "
+            f"{(on['instructions'] - off['instructions']) / on['steps']:,.0f} a step",
+            flush=True,
+        )
+    short, long = runs[min(lengths)], runs[max(lengths)]
+    steps = long["on"]["steps"] - short["on"]["steps"]
+    marginal = {
+        arm: (long[arm]["instructions"] - short[arm]["instructions"]) / steps
+        for arm in ("on", "off")
+    }
+    summary: dict[str, Any] = {
+        "lengths": sorted(lengths),
+        "runs": {str(n): r for n, r in runs.items()},
+        "steps_between": steps,
+        "per_step_on": marginal["on"],
+        "per_step_off": marginal["off"],
+        "overhead": marginal["on"] / marginal["off"] - 1,
+        "added_per_step": {
+            str(n): (r["on"]["instructions"] - r["off"]["instructions"]) / r["on"]["steps"]
+            for n, r in runs.items()
+        },
+    }
+    if cache_sim:
+        summary["cache_between"] = {
+            arm: {
+                event: (long[arm]["cache"][event] - short[arm]["cache"][event]) / steps
+                for event in CACHE_EVENTS
+                if event in long[arm].get("cache", {})
+            }
+            for arm in ("on", "off")
+        }
+    print(
+        f"{min(lengths)} -> {max(lengths)} requests ({steps} more steps): "
+        f"{marginal['on']:,.0f} instructions a step on, {marginal['off']:,.0f} off: decision "
+        f"events add {100 * summary['overhead']:+.2f}% of the step's instructions",
+        flush=True,
+    )
+    if cache_sim:
+        for arm in ("on", "off"):
+            print(f"  per step, {arm}: {summary['cache_between'][arm]}", flush=True)
+    return summary
+
+
 RUN_LINE = re.compile(
     r"^\s+(\d+) requests, events\s+(on|off|probe)(?: on CPU \d+)?: +([\d.]+) s wall, +([\d.]+) s "
     r"CPU \(([\d.]+) s in the garbage collector\), (\d+) steps, (\d+) events"
@@ -360,6 +544,11 @@ def main() -> None:
         "--parallel", action="store_true", help="run each pair's arms at once, one per CPU"
     )
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="one arm at a time, each run in a fresh process (not the heap of the run before)",
+    )
+    parser.add_argument(
         "--probe",
         action="store_true",
         help="a third arm: events on and the view's probe as an engine core runs it",
@@ -375,6 +564,17 @@ def main() -> None:
         help="untimed: what the log records per step at each length (deterministic)",
     )
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="untimed: each arm's instruction count under valgrind's callgrind at two "
+        "--num-requests (small: ~50x slower), both arms at once",
+    )
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="with --instructions: also callgrind's simulated cache misses",
+    )
+    parser.add_argument(
         "--from-log",
         metavar="LOG",
         help="no run: the summaries of the runs in a log of this script (one cut short)",
@@ -385,6 +585,8 @@ def main() -> None:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps({"runs": runs_logged}, indent=1) + "\n")
         return
+    if args.fresh and args.parallel:
+        raise SystemExit("--parallel runs each arm in a process of its own already")
     if args.probe and args.parallel:
         raise SystemExit("--probe runs its arms one at a time: leave out --parallel")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop a pair's arms too
@@ -412,14 +614,32 @@ def main() -> None:
     if args.one is not None:
         print(json.dumps(one_arm(args.num_requests[0], rate, args.seed, args.one)), flush=True)
         return
+    if args.instructions:
+        counted = instructions(
+            args.num_requests, rate, args.seed, Path(args.output).with_suffix(""), args.cache_sim
+        )
+        counted.update(machine=machine, rate=rate)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(counted, indent=1) + "\n")
+        return
+    if args.cache_sim:
+        raise SystemExit("--cache-sim goes with --instructions")
     runs: list[dict[str, object]] = []
-    summary = {"machine": machine, "rate": rate, "repeats": args.repeats, "runs": runs}
+    summary = {
+        "machine": machine,
+        "rate": rate,
+        "repeats": args.repeats,
+        "fresh": args.fresh,
+        "runs": runs,
+    }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     for n in args.num_requests:  # written after each length: a cut run keeps what it measured
         if args.counts:
             runs.append(counts(n, rate, args.seed))
         else:
-            runs.append(measure(n, rate, args.seed, args.repeats, args.parallel, args.probe))
+            runs.append(
+                measure(n, rate, args.seed, args.repeats, args.parallel, args.probe, args.fresh)
+            )
         Path(args.output).write_text(json.dumps(summary, indent=1) + "\n")
 
 

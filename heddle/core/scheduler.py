@@ -229,7 +229,7 @@ class Scheduler:
         self.num_finished += 1
         self.preemption_guard.forget(request_id)
         self.policy.on_finished(request)
-        if self.events is not None:
+        if self.events is not None and request.num_preemptions:  # only a preempted one is known
             self.events.finished(request)
         return request
 
@@ -563,7 +563,7 @@ class Scheduler:
             admitted.append(request)
             step.take(request, lane, num_new)
             self.accounting.busy(request)
-            if events is not None:
+            if events is not None and request.num_preemptions:  # back: its recompute starts
                 events.scheduled(request)
             seats -= 1
         for request in admitted:

@@ -70,9 +70,12 @@ def test_the_probe_arm_runs_the_probe_and_leaves_the_schedule_alone(monkeypatch)
         return counted
 
     monkeypatch.setattr(live, "view_source", counting_source)
-    _, _, steps_on, events_on = events_cost.run(150, RATE, 0, DEFAULT_CAPACITY)
-    _, _, steps_probe, events_probe = events_cost.run(150, RATE, 0, DEFAULT_CAPACITY, probe=True)
+    _, _, steps_on, events_on, digest_on = events_cost.run(150, RATE, 0, DEFAULT_CAPACITY)
+    *_, steps_probe, events_probe, digest_probe = events_cost.run(
+        150, RATE, 0, DEFAULT_CAPACITY, probe=True
+    )
     assert (steps_probe, events_probe) == (steps_on, events_on)  # the same run, observed
+    assert digest_probe == digest_on
     assert len(drained) == steps_probe and set(drained) == {1}  # one row drained every step
 
 
@@ -98,3 +101,43 @@ def test_view_overhead_verdict_from_rounds(tmp_path):
         view_overhead.summarize(rounds[:1], [], [], **kwargs)
     # CPU per process: one gone by the second reading counts nothing (not minus its total).
     assert view_overhead.cpu_delta({1: 5.0, 2: 3.0}, {1: 6.5}) == pytest.approx(1.5)
+
+
+def test_events_on_and_off_make_the_same_decisions():
+    """The digest each arm reports (every request's admission and finish times, preemptions,
+    cached tokens, stall time) is the same with the log on and off, and tells runs apart."""
+    events_cost = importlib.import_module("events_cost")
+    # Past saturation (400 req/s), so that requests wait and the log has something to say.
+    on = events_cost.one_arm(200, 400.0, 0, "on")
+    off = events_cost.one_arm(200, 400.0, 0, "off")
+    assert on["events"] > 0 and off["events"] == 0
+    assert (on["steps"], on["digest"]) == (off["steps"], off["digest"])
+    assert events_cost.one_arm(200, 400.0, 1, "off")["digest"] != off["digest"]
+
+
+def test_instruction_counts_need_valgrind_and_read_callgrinds_totals(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    events_cost = importlib.import_module("events_cost")
+    monkeypatch.setattr(events_cost.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="needs valgrind"):
+        events_cost.start_count(100, RATE, 0, "on", tmp_path)
+    with pytest.raises(SystemExit, match="two --num-requests"):
+        events_cost.instructions([100], RATE, 0, tmp_path)
+    # What a finished callgrind run leaves: the arm's result on stdout, the totals in its file.
+    out_file = tmp_path / "callgrind.on.100.out"
+    out_file.write_text(
+        "events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nsummary: 1000\nfn=x\n"
+        "totals: 1000 400 200 7 30 20 1 3 2\n"
+    )
+    arm = '{"steps": 10, "digest": "ab", "events": 3}'
+    proc = subprocess.Popen([sys.executable, "-c", f"print({arm!r})"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    result = events_cost.collect_count((proc, out_file, True))
+    assert result["instructions"] == 1000 and result["steps"] == 10
+    assert result["cache"]["D1mr"] == 30 and result["cache"]["DLmw"] == 2
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    with pytest.raises(SystemExit, match="exit 3"):
+        events_cost.collect_count((failed, out_file, False))
