@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -175,6 +176,7 @@ def counts(num_requests: int, rate: float, seed: int) -> dict[str, object]:
 
 
 def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, Any]:
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     with GCTimer() as collector:
         wall, cpu, steps, logged, digest = run(
             num_requests, rate, seed, 0 if arm == "off" else DEFAULT_CAPACITY, arm == "probe"
@@ -186,6 +188,8 @@ def one_arm(num_requests: int, rate: float, seed: int, arm: str) -> dict[str, An
         "steps": steps,
         "events": logged,
         "digest": digest,
+        # Page faults of the run (the kernel's time, which an instruction count leaves out).
+        "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
     }
 
 
@@ -357,7 +361,10 @@ def summarize(
 
 
 CALLGRIND_TOTALS = re.compile(r"^(?:totals|summary): (\d+)", re.M)
-CACHE_EVENTS = ("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
+CACHE_EVENTS = (
+    *("Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw"),
+    *("Bc", "Bcm", "Bi", "Bim"),  # conditional and indirect branches, and their mispredictions
+)
 
 
 def start_count(
@@ -367,7 +374,8 @@ def start_count(
     instructions the whole process executed
     (start-up included; `instructions` subtracts two lengths to leave it out), with
     PYTHONHASHSEED fixed so that a run is the same instructions every time. `cache_sim`: also
-    callgrind's simulated caches (first-level and last-level misses; about twice as slow)."""
+    callgrind's simulated caches (first-level and last-level misses) and branch predictor
+    (conditional and indirect mispredictions); about twice as slow."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit(
@@ -378,7 +386,7 @@ def start_count(
         valgrind,
         "--tool=callgrind",
         f"--callgrind-out-file={out_file}",
-        *(["--cache-sim=yes"] if cache_sim else []),
+        *(["--cache-sim=yes", "--branch-sim=yes"] if cache_sim else []),
         sys.executable,
         os.path.abspath(__file__),
         "--one",
@@ -572,7 +580,7 @@ def main() -> None:
     parser.add_argument(
         "--cache-sim",
         action="store_true",
-        help="with --instructions: also callgrind's simulated cache misses",
+        help="with --instructions: also callgrind's simulated cache misses and mispredictions",
     )
     parser.add_argument(
         "--from-log",
