@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,7 +207,7 @@ def _spawn_arm(num_requests: int, rate: float, seed: int, arm: str, cpu: int | N
     )
 
 
-def _arm_results(procs: dict[str, tuple[int | None, Any]]) -> dict[str, dict]:
+def _arm_results(procs: Mapping[str, tuple[int | None, Any]]) -> dict[str, dict]:
     out = {}
     try:
         for arm, (cpu, proc) in procs.items():
@@ -369,7 +370,7 @@ CACHE_EVENTS = (
 
 def start_count(
     num_requests: int, rate: float, seed: int, arm: str, out_dir: Path, cache_sim: bool = False
-) -> dict[str, Any]:
+) -> tuple[subprocess.Popen[bytes], Path, bool]:
     """Start one arm's run under valgrind's callgrind (`collect_count` waits for it): the
     instructions the whole process executed
     (start-up included; `instructions` subtracts two lengths to leave it out), with
