@@ -12,12 +12,22 @@ command run one after the other (is the cost per step the same at every length?)
 With `--parallel`, each repeat runs its two arms at the same time, one pinned to each of two
 CPUs (the CPUs swapped every repeat), each in a process of its own: both arms see the same
 moment of the machine (its drift cancels within a pair) and a pair takes the time of one run.
+With `--fresh`, one arm at a time, each run in a new process. Every pair's arms must report
+the same schedule digest (the same decisions), or the script stops.
+
+`--instructions` (untimed, any machine with valgrind: Debian `apt-get install -y valgrind`)
+counts each arm's instructions under callgrind at two or more small lengths, both arms at
+once: the count does not move with the machine's load, and the difference between two
+lengths leaves out start-up. `--cache-sim` adds callgrind's simulated caches and branch
+predictor (about twice as slow).
 
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --num-requests 10000 20000
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --parallel --repeats 7 \
         --num-requests 10000 20000 40000
     /work/tools/bench .venv/bin/python benchmarks/events_cost.py --probe --num-requests 5000
     .venv/bin/python benchmarks/events_cost.py --from-log results/events_cost.log   # a cut run
+    /work/tools/bg results/instr.log .venv/bin/python benchmarks/events_cost.py --instructions \
+        --num-requests 1000 2000     # ~4 minutes on 2 free cores
 
 `--probe` adds a third arm (one at a time): events on and the view's probe as an engine core
 runs it, its step row and new events MessagePack-encoded after every step.
