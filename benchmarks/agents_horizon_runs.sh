@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The SWE-like horizon runs of docs/AGENTS.md ("SWE-like against the run's length"): one
-# benchmarks/agents_sessions.py sim point per line of JOBS (load, programs, seed, config), two at
+# benchmarks/agents_sessions.py sim point per line of JOBS (load, programs, seed, config and,
+# optionally, one workload option KEY=VALUE such as tool_sigma_scale=1.5), two at
 # a time, one JSON per point in OUT, resumable (a point whose JSON exists is skipped; a point is
 # claimed by mkdir, so two workers never run the same one). A virtual clock: run it niced in the
 # background (tools/bg), then `python benchmarks/agents_sessions.py horizon OUT/*.json ...`.
@@ -50,14 +51,17 @@ if [ ! -e "$JOBS" ]; then  # the doc's points: the first 18 in the order they ra
 LIST
 fi
 worker() {
-  while read -r L N S C; do
+  while read -r L N S C O; do
     [ -z "$L" ] && continue
-    tag="_${L}-n${N}-s${S}-${C/:/-}"
+    tag="_${L}-n${N}-s${S}-${C/:/-}${O:+-${O//=/}}"
+    opt=()
+    [ -n "$O" ] && opt=(--workload-option "$O")
     [ -e "$OUT/agents-sim${tag}.json" ] && continue
     mkdir "$OUT/claim${tag}" 2>/dev/null || continue
     echo "$(date -u +%T) start $tag"
     $PY benchmarks/agents_sessions.py sim --workloads agent-swe --loads "$L" --num-programs "$N" \
-      --seeds "$S" --configs "$C" --offload-blocks 32000 --output-dir "$OUT" --tag "$tag" \
+      --seeds "$S" --configs "$C" --offload-blocks 32000 "${opt[@]}" --output-dir "$OUT" \
+      --tag "$tag" \
       > "$OUT/out${tag}.txt" 2>&1
     echo "$(date -u +%T) done $tag rc=$?"
     rmdir "$OUT/claim${tag}"

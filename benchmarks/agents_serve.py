@@ -119,6 +119,7 @@ def run_config(
     before = httpx.get(f"{url}/health", timeout=10).json()["engine"]
     start = time.perf_counter()
     with EngineSampler(url) as sampler:
+        bench_start = time.perf_counter()
         result = run_bench(
             url,
             args.workload,
@@ -149,6 +150,36 @@ def run_config(
         "program_records": records,
         "engine_samples": sampler.samples,
         "pressure": pressure(sampler.samples, records, args.num_blocks),
+        "sample_offset": bench_start - sampler.started,
+    }
+
+
+def as_point(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """A run as one point of `agents_sessions.py`'s JSON, so that its `windows` and `horizon`
+    judge a real run by its queue like a simulated one: the programs by arrival (seconds since
+    the first arrival; completion time, None if cut by --max-duration) and the /health samples
+    as (seconds since the first arrival, pool share used, requests waiting, running). The
+    workload is labelled "(real)" so a real run is never paired with a simulated one."""
+    policy, retention = row["config"].split(":")
+    records = sorted(row["program_records"], key=lambda r: r["arrival"])
+    done = [r["completion"] for r in records if r["completion"] is not None]
+    p = row["programs"]["completion_time"]
+    # The samples' clock starts just before the load client's: move them to its first arrival.
+    shift = row.get("sample_offset", 0.0)
+    return {
+        "workload": f"{args.workload} (real)",
+        "load": args.request_rate,
+        "policy": policy,
+        "retention": retention,
+        "seed": row["seed"],
+        "num_programs": len(records),
+        "completed": len(done),
+        "pct_mean": p["mean"],
+        "pct_p95": p["p95"],
+        "tokens_recomputed": None,
+        "program_series": [(r["arrival"], r["completion"], 0.0) for r in records],
+        "queue_series": [(t - shift, used / args.num_blocks, waiting, running)
+                         for t, used, running, waiting in row["engine_samples"]],
     }
 
 
@@ -160,11 +191,12 @@ class EngineSampler:
     def __init__(self, url: str, interval: float = 0.5) -> None:
         self.url, self.interval = url, interval
         self.samples: list[list[float]] = []
+        self.started = time.perf_counter()  # the samples' clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self.started
         with httpx.Client(base_url=self.url, timeout=5) as client:
             while not self._stop.is_set():
                 try:
@@ -331,8 +363,13 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--warmup-programs", type=int, default=0,
+                        help="programs (seed 1000, not recorded) run on every server first: a "
+                             "fresh server's first steps are slow")
     parser.add_argument("--output-dir", default=None)
     args = parser.parse_args()
+    if args.warmup_programs < 0 or args.num_programs < 1:
+        parser.error("--warmup-programs must be >= 0 and --num-programs >= 1")
     options: dict[str, Any] = {}
     for item in args.workload_option:
         key, _, value = item.partition("=")
@@ -348,6 +385,15 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = Servers(configs, args)
     try:
+        if args.warmup_programs:
+            for config in configs:
+                warm = argparse.Namespace(**{**vars(args), "num_programs": args.warmup_programs})
+                row = run_config(config, servers.urls[config], 1000, warm, options)
+                print(f"# warm-up of {config}: {row['programs']['num_completed']} programs in "
+                      f"{row['wall_seconds']:.0f} s, leaked KV blocks "
+                      f"{row['kv_blocks_used_at_end']}", flush=True)
+                if row["kv_blocks_used_at_end"]:
+                    raise SystemExit(f"{config}: the warm-up leaked KV blocks")
         # Repeat r runs every configuration on the workload drawn with seed + r, one after the
         # other, on the same servers (a closed session's id may be used again).
         for repeat in range(args.repeats):
@@ -357,7 +403,9 @@ def main() -> None:
                 rows.append(row)
                 if out is not None:  # after each run: a run cut short keeps what it has
                     out.mkdir(parents=True, exist_ok=True)
-                    data = {"command": " ".join(sys.argv), "machine": machine_line(), "rows": rows}
+                    data = {"command": " ".join(sys.argv), "machine": machine_line(),
+                            "setup": f"real engine, {args.num_blocks} KV blocks",
+                            "rows": rows, "points": [as_point(r, args) for r in rows]}
                     path = out / f"agents-serve-{args.workload}.json"
                     path.write_text(json.dumps(data, indent=1))
                 print(report(row), flush=True)

@@ -645,7 +645,9 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
                 steady_of[config] = max(growths) <= GROWTH_STEADY if growths else None
                 queue_text = "- (by PCT growth)"
             longest = by_n[ns[-1]]
-            per_program = longest["tokens_recomputed"] / max(1, longest["num_programs"]) / 1e3
+            recomputed_of = longest.get("tokens_recomputed")  # None: a real run does not count it
+            per_program = (math.nan if recomputed_of is None
+                           else recomputed_of / max(1, longest["num_programs"]) / 1e3)
             verdict = {True: "yes", False: "no", None: "?"}[steady_of[config]]
             lines.append(
                 f"| {workload} | {load:g} | {pool} | {seed} | {config} | {text} | {queue_text} "
@@ -659,7 +661,8 @@ def horizon(paths: list[str], base: str = "fcfs+lru") -> str:
             ratios = " / ".join(f"{n}: {b[n]['pct_mean'] / c[n]['pct_mean']:.2f}x"
                                 for n in common)
             n = common[-1]
-            recomputed = b[n]["tokens_recomputed"] / max(1, c[n]["tokens_recomputed"])
+            rb, rc = b[n].get("tokens_recomputed"), c[n].get("tokens_recomputed")
+            recomputed = math.nan if rb is None or rc is None else rb / max(1, rc)
             tail = f"{b[n]['pct_p95'] / c[n]['pct_p95']:.2f}x, {recomputed:.1f}x"
             mine, theirs = steady_of.get(config), steady_of.get(base)
             if mine and theirs:

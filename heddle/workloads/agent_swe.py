@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from heddle.errors import HeddleError
 from heddle.workloads.agent import AgentCall, AgentProgram, ToolTime, check_agent_options
 from heddle.workloads.arrivals import arrival_times
 from heddle.workloads.synthetic import clip_len, lognormal_len, streams
@@ -61,14 +62,22 @@ def swe_agent(
     system_prompt_len: int = SWE_SYSTEM_PROMPT_LEN,
     tool_time_factor: float = 1.0,
     max_context_len: int = 65536,
+    tool_sigma_scale: float = 1.0,
 ) -> list[AgentProgram]:
     """`num_requests` coding-agent programs arriving at `rate` programs/s.
 
     Lengths scale with `length_scale`. `tool_time_factor` multiplies every tool's actual time
     but not the expected pause the program announces (a tool slower than expected). A program
-    stops early rather than outgrow `max_context_len`.
+    stops early rather than outgrow `max_context_len`. `tool_sigma_scale` multiplies every tool's
+    log-space sigma at the same median: a heavier tail (a stress knob, not a measured
+    distribution; the announced pause is the new distribution's mean). The random draws are the
+    same for every scale, so two scales give the same programs with only their tool times
+    stretched away from the median.
     """
     check_agent_options(num_requests, length_scale, tool_time_factor)
+    if not (math.isfinite(tool_sigma_scale) and tool_sigma_scale > 0):
+        raise HeddleError(f"tool_sigma_scale must be positive, got {tool_sigma_scale}")
+    tools = tuple(ToolTime(t.name, t.median, t.sigma * tool_sigma_scale) for t in SWE_TOOLS)
     rng_t, rng = streams(seed, "agent-swe")
     times = arrival_times(arrival, rate, num_requests, rng_t, cv)
     system = clip_len(system_prompt_len * length_scale, 1, 1 << 30)
@@ -86,7 +95,7 @@ def swe_agent(
         for k in range(turns):
             output = lognormal_len(rng, output_mean, 0.6, length_scale, 8, 1 << 30)
             weights = EXPLORE_WEIGHTS if k < 0.4 * turns else FIX_WEIGHTS
-            tool = rng.choices(SWE_TOOLS, weights)[0]
+            tool = rng.choices(tools, weights)[0]
             observation = lognormal_len(
                 rng, observation_mean, 1.0, length_scale, 4, max_observation_len
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -81,6 +82,25 @@ def test_tool_time_factor_slows_tools_not_the_announced_pause() -> None:
             assert cb.tool_latency_after == pytest.approx(10 * ca.tool_latency_after)
             assert cb.expected_pause == ca.expected_pause
             assert (ca.prompt_extra_len, ca.output_len) == (cb.prompt_extra_len, cb.output_len)
+
+
+def test_tool_sigma_scale_stretches_the_tail_at_the_same_median() -> None:
+    base = swe_agent(seed=3, num_requests=40)
+    heavy = swe_agent(seed=3, num_requests=40, tool_sigma_scale=1.5)
+    pairs = [(ca, cb) for a, b in zip(base, heavy, strict=True)
+             for ca, cb in zip(a.calls, b.calls, strict=True)]
+    assert len(pairs) > 200
+    for ca, cb in pairs:  # the same programs and draws: only the distance from the median grows
+        assert (ca.prompt_extra_len, ca.output_len, ca.tool) == (cb.prompt_extra_len, cb.output_len,
+                                                                 cb.tool)
+        assert cb.expected_pause > ca.expected_pause
+    tests = [(ca.tool_latency_after, cb.tool_latency_after) for ca, cb in pairs
+             if ca.tool == "bash:test"]
+    assert max(b for _, b in tests) > 1.5 * max(a for a, _ in tests)
+    for a, b in tests:  # the same normal draw z: 6 s * exp(1.5 * 1.2 z) against 6 s * exp(1.2 z)
+        assert math.log(b / 6.0) == pytest.approx(1.5 * math.log(a / 6.0), abs=1e-9)
+    with pytest.raises(HeddleError, match="tool_sigma_scale"):
+        swe_agent(num_requests=2, tool_sigma_scale=0.0)
 
 
 def _fanout_workload() -> Workload:
