@@ -10,11 +10,10 @@ cd "$(dirname "$0")/.."
 HEAVY=${1:-results/pin-heavy}
 BASE=${2:-results/pin-base}
 mkdir -p "$HEAVY" "$BASE"
-if [ ! -e "$HEAVY/jobs.txt" ]; then
-  for L in 0.40 0.45; do for S in 1 2; do for C in fcfs:ttl fcfs:cost+tier; do
-    echo "$L 1080 $S $C tool_sigma_scale=1.5"; done; done; done > "$HEAVY/jobs.txt"
-  for C in fcfs:ttl fcfs:cost+tier; do echo "0.40 1080 0 $C tool_sigma_scale=1.5"; done \
-    >> "$HEAVY/jobs.txt"
+if [ ! -e "$HEAVY/jobs.txt" ]; then  # in the order they ran
+  for LS in "0.40 1" "0.40 2" "0.35 1" "0.30 1" "0.30 2" "0.35 2"; do
+    for C in fcfs:ttl fcfs:cost+tier; do
+      echo "${LS% *} 1080 ${LS#* } $C tool_sigma_scale=1.5"; done; done > "$HEAVY/jobs.txt"
 fi
 if [ ! -e "$BASE/jobs.txt" ]; then
   for S in 0 1 2; do for C in fcfs:cost+tier fcfs:ttl; do echo "0.28 1080 $S $C"; done; done \
