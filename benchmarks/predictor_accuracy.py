@@ -46,7 +46,9 @@ class RecordingSJF(SJFPolicy):
     checkpoint (the baseline), at the same moments."""
 
     def __init__(self) -> None:
-        super().__init__(repredict=True, default_output_len=128.0)
+        # The replay sets max_tokens to each request's true length: the bound would be the
+        # answer, so the re-predictor is measured without it.
+        super().__init__(repredict=True, default_output_len=128.0, repredict_max_tokens=False)
         self.baseline = OutputLenPredictor(default_output_len=128.0)
         self._baseline_at: dict[str, dict[int, tuple[float, int]]] = {}
         self.baseline_pairs: dict[int, list[tuple[float, int, str]]] = {

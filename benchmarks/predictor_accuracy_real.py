@@ -11,21 +11,29 @@ The predictors are then replayed on that timeline, as sjf would have used them: 
 checkpoint a request still running there (more output tokens than the checkpoint) is
 predicted by a predictor that has learnt only from requests that finished earlier, and the
 prediction is paired with its actual remaining length: `RemainingLenPredictor` (re-predicts
-from the tokens generated, per class) and the arrival-time `OutputLenPredictor` (its one
-prediction minus the tokens generated). Requests arriving in the first `--warmup` share are
-left out. The model has no thinking phase, so every request is in its answer phase.
-`--seconds` bounds the run: the requests unfinished then (the last to arrive, the long ones
-among them most) are left out of the replay, so a short run undercounts long requests.
+from the tokens generated, per class, within the request's max_tokens), the same without the
+max_tokens bound, and the arrival-time `OutputLenPredictor` (its one prediction minus the
+tokens generated). Requests arriving in the first `--warmup` share are left out; tau is also
+given for the first and second half of the rest by arrival (does it move with the run's
+length?). The model has no thinking phase, so every request is in its answer phase.
+`--seconds` bounds the run: the requests unfinished then are left out, so a short run
+undercounts long requests. The timeline is on the engine's step clock, so the figure does not
+depend on the machine's speed (a long run may go in the background, niced, `--threads 1`).
+`--replay` re-reads a saved run (or the `.partial.json` a running one writes every 200
+steps, scored on its first arrivals that have all finished) without the model.
 
-    /work/tools/py benchmarks/predictor_accuracy_real.py --requests 160 --streams 48 \
-        --seconds 600     # ~11 min on 2 busy CPUs
+    /work/tools/py benchmarks/predictor_accuracy_real.py --requests 960 --streams 48 \
+        --threads 1 --out results/pred_real_960.json  # 160 requests: 116 s, 2 quiet CPUs
+    /work/tools/py benchmarks/predictor_accuracy_real.py --replay results/pred_real_960.json \
+        --streams 48
 
-Writes results/predictor_accuracy_real.json and prints a markdown table.
+Writes `--out` (default results/predictor_accuracy_real.json) and prints a markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import random
 import time
@@ -78,17 +86,26 @@ class Record:
     prompt_len: int = 16
     reached: dict[int, float] = field(default_factory=dict)  # checkpoint -> time (0: arrival)
     finish_reason: str = "stop"
+    max_tokens: int | None = None
 
 
 def replay_accuracy(records: list[Record], warmup: float = 0.1,
-                    checkpoints: tuple[int, ...] = CHECKPOINTS) -> dict[str, Any]:
-    """Replay both predictors on the records' timeline; per checkpoint the requests still
-    running there (output_len > checkpoint) that arrived after the first `warmup` share, and
-    the Kendall tau-b of predicted against actual remaining length. At equal times a
-    prediction comes before a finish (a predictor never learns from a finish it could not
-    have seen)."""
+                    checkpoints: tuple[int, ...] = CHECKPOINTS,
+                    scored: int | None = None) -> dict[str, Any]:
+    """Replay the predictors on the records' timeline; per checkpoint the requests still
+    running there (output_len > checkpoint) that arrived after the first `warmup` share (of
+    the first `scored` arrivals, when given: the rest still teach), and the Kendall tau-b of
+    predicted against actual remaining length, over them all and over the first and second
+    half of them by arrival. At equal times a prediction comes before a finish (a predictor
+    never learns from a finish it could not have seen). Three predictors: the re-predictor
+    (`RemainingLenPredictor`, bounded by each request's max_tokens), the same without the
+    bound, and the arrival-time `OutputLenPredictor` (its one prediction minus the tokens
+    generated)."""
     order = sorted(range(len(records)), key=lambda i: records[i].arrival)
-    kept = set(order[int(warmup * len(records)):])
+    pool = order if scored is None else order[:scored]
+    kept_order = pool[int(warmup * len(pool)):]
+    kept = set(kept_order)
+    half = {i: 0 if k < len(kept_order) // 2 else 1 for k, i in enumerate(kept_order)}
     events: list[tuple[float, int, int, int]] = []  # (time, 0 predict / 1 finish, index, cp)
     for i, rec in enumerate(records):
         for c in checkpoints:
@@ -96,46 +113,74 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
                 events.append((rec.arrival if c == 0 else rec.reached[c], 0, i, c))
         events.append((rec.finish, 1, i, -1))
     events.sort()
-    repredict = RemainingLenPredictor()
+    repredictors = {"repredict": RemainingLenPredictor(checkpoints=checkpoints),
+                    "repredict_unbounded": RemainingLenPredictor(checkpoints=checkpoints,
+                                                                 use_max_tokens=False)}
     arrival = OutputLenPredictor()
-    requests = [Request(f"r{i}", [0] * rec.prompt_len, SamplingParams(max_tokens=None), 0.0,
-                        request_class=rec.request_class) for i, rec in enumerate(records)]
+    requests = [Request(f"r{i}", [0] * rec.prompt_len, SamplingParams(max_tokens=rec.max_tokens),
+                        0.0, request_class=rec.request_class) for i, rec in enumerate(records)]
     base: dict[int, list[tuple[float, int, int]]] = {c: [] for c in checkpoints}
+    outlived = {c: 0 for c in checkpoints}  # bounded re-predictions past every length seen
+    bounded = repredictors["repredict"]
     for _, kind, i, c in events:
         request, rec = requests[i], records[i]
         if kind == 0:
             request.all_token_ids[request.num_prompt_tokens:] = [1] * c
-            repredict.predict_remaining(request)
+            before = bounded.num_outlived
+            for predictor in repredictors.values():
+                predictor.predict_remaining(request)
+            if i in kept:
+                outlived[c] += bounded.num_outlived - before
             base[c].append((max(1.0, arrival.predict(request) - c), rec.output_len - c, i))
         else:
             request.all_token_ids[request.num_prompt_tokens:] = [1] * rec.output_len
             request.finish_reason = (FinishReason.LENGTH if rec.finish_reason == "length"
                                      else FinishReason.STOP)
-            repredict.observe(request)
+            for predictor in repredictors.values():
+                predictor.observe(request)
             arrival.observe(request)
+
+    def tau(pairs: list[tuple[float, int, int]]) -> float:
+        return kendall_tau_b([p[0] for p in pairs], [p[1] for p in pairs])
+
     out: dict[str, Any] = {}
     for c in checkpoints:
-        pairs = [p for p in repredict.accuracy[c] if int(p[2][1:]) in kept]
-        bpairs = [p for p in base[c] if p[2] in kept]
-        n = len(pairs)
-        out[str(c)] = {
-            "requests": n, "pairs": n * (n - 1) // 2,
-            "tau_repredict": kendall_tau_b([p[0] for p in pairs], [p[1] for p in pairs]),
-            "tau_arrival": kendall_tau_b([p[0] for p in bpairs], [p[1] for p in bpairs]),
-        }
+        by_name = {name: [(p[0], p[1], int(p[2][1:])) for p in predictor.accuracy[c]
+                          if int(p[2][1:]) in kept]
+                   for name, predictor in repredictors.items()}
+        by_name["arrival"] = [p for p in base[c] if p[2] in kept]
+        n = len(by_name["repredict"])
+        row: dict[str, Any] = {"requests": n, "pairs": n * (n - 1) // 2,
+                               "outlived": outlived[c]}
+        for name, pairs in by_name.items():
+            row[f"tau_{name}"] = tau(pairs)
+            row[f"tied_{name}"] = _tied_share([p[0] for p in pairs])
+            classes: dict[str, list[tuple[float, int]]] = {}
+            for p in pairs:
+                classes.setdefault(records[p[2]].request_class, []).append((p[0], p[1]))
+            row[f"by_class_{name}"] = {
+                k: {"n": len(v), "predicted": sum(x for x, _ in v) / len(v),
+                    "actual": sum(y for _, y in v) / len(v)} for k, v in sorted(classes.items())}
+            row[f"tau_{name}_halves"] = [tau([p for p in pairs if half[p[2]] == h])
+                                         for h in (0, 1)]
+        row["requests_halves"] = [sum(half[p[2]] == h for p in by_name["repredict"])
+                                  for h in (0, 1)]
+        out[str(c)] = row
     return out
 
 
 def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: float,
-             seconds: float = float("inf")) -> tuple[list[Record], dict[str, Any]]:
+             seconds: float = float("inf"), partial: Path | None = None,
+             threads: int | None = None) -> tuple[list[Record], dict[str, Any]]:
     """Run the chat requests; after `seconds` of running, the requests still unfinished are
-    left out of the records (said in the result: `unfinished`)."""
+    left out of the records (said in the result: `unfinished`). Every 200 steps the finished
+    records so far are written to `partial` (when given), so a long run can be read early."""
     from heddle.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from heddle.engine.engine import Engine
     from heddle.model.executor import ModelExecutor
 
     cache = CacheConfig(block_size=16, num_blocks=streams * (max_tokens // 16 + 8) + 64)
-    executor = ModelExecutor(ModelConfig(), cache)
+    executor = ModelExecutor(ModelConfig(num_threads=threads), cache)
     tokenizer = executor.tokenizer
     assert tokenizer is not None
     engine = Engine(EngineConfig(cache=cache, scheduler=SchedulerConfig(
@@ -156,7 +201,8 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: fl
                                     max_tokens=max_tokens)
             engine.add_request(str(i), encoded[i], params, request_class=prompts[i][0])
             records[i] = Record(arrival=step - 0.5, finish=-1.0, output_len=0,
-                                request_class=prompts[i][0], prompt_len=len(encoded[i]))
+                                request_class=prompts[i][0], prompt_len=len(encoded[i]),
+                                max_tokens=max_tokens)
             next_index += 1
             in_flight += 1
         for out in engine.step():
@@ -173,6 +219,10 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: fl
                 in_flight -= 1
         step += 1
         if step % 200 == 0:
+            if partial is not None:
+                done = [r for _, r in sorted(records.items()) if r.finish >= 0]
+                partial.write_text(json.dumps({"steps": step, "started": len(records),
+                                               "records": _dump(done)}))
             print(f"  step {step}: {len([r for r in records.values() if r.finish >= 0])}/{num} "
                   f"done, {time.perf_counter() - started:.0f} s", flush=True)
     wall = time.perf_counter() - started
@@ -180,6 +230,82 @@ def run_real(num: int, streams: int, max_tokens: int, seed: int, temperature: fl
     return ordered, {"steps": step, "wall_seconds": wall, "finished": len(ordered),
                      "unfinished": len(records) - len(ordered), "not_started": num - len(records),
                      "output_tokens": sum(r.output_len for r in ordered)}
+
+
+def _dump(records: list[Record]) -> list[dict[str, Any]]:
+    return [{"arrival": r.arrival, "finish": r.finish, "output_len": r.output_len,
+             "class": r.request_class, "prompt_len": r.prompt_len, "reached": r.reached,
+             "finish_reason": r.finish_reason, "max_tokens": r.max_tokens} for r in records]
+
+
+def _tied_share(values: list[float]) -> float:
+    """The share of pairs a predictor ties (tau-b counts them neither way)."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    counts: dict[float, int] = {}
+    for v in values:
+        counts[round(v, 6)] = counts.get(round(v, 6), 0) + 1
+    return sum(k * (k - 1) for k in counts.values()) / (n * (n - 1))
+
+
+def load_records(path: Path, streams: int) -> tuple[list[Record], dict[str, Any]]:
+    """The records of a saved run (a finished one's JSON, or the `.partial.json` of one still
+    running), and how many of the first arrivals have all finished (`complete`: only those
+    may be scored; a partial run's later arrivals are missing their long requests). A
+    closed loop of `streams` adds, at step s, as many requests as finished in step s - 1."""
+    data = json.loads(path.read_text())
+    cap = data.get("args", {}).get("max_tokens")
+    records = [Record(arrival=r["arrival"], finish=r["finish"], output_len=r["output_len"],
+                      request_class=r["class"], prompt_len=r["prompt_len"],
+                      reached={int(k): v for k, v in r["reached"].items()},
+                      finish_reason=r["finish_reason"], max_tokens=r.get("max_tokens", cap))
+               for r in data["records"]]
+    started = data.get("started", data.get("args", {}).get("requests", len(records)))
+    finishes = sorted(r.finish for r in records)
+    arrivals = sorted(r.arrival for r in records)
+    complete = 0
+    for a in sorted(set(arrivals)):  # how many had arrived by time a
+        added = min(started, streams + bisect.bisect_right(finishes, a - 0.25))
+        if bisect.bisect_right(arrivals, a) < added:
+            break  # one that arrived by then has not finished
+        complete = added
+    return records, {"complete": min(complete, len(records)), "steps": data.get("steps",
+                     data.get("run", {}).get("steps")), "utc": data.get("utc")}
+
+
+def _print_table(records: list[Record], result: dict[str, Any]) -> None:
+    by_class: dict[str, list[int]] = {}
+    capped: dict[str, int] = {}
+    for r in records:
+        by_class.setdefault(r.request_class, []).append(r.output_len)
+        capped[r.request_class] = capped.get(r.request_class, 0) + (r.finish_reason == "length")
+    print("mean output length by class (share ended at max_tokens): " + ", ".join(
+        f"{k} {sum(v) / len(v):.0f} ({capped[k] / len(v):.0%})" for k, v in sorted(by_class.items())))
+    print("\n| generated tokens | requests still running (1st / 2nd half) | pairs | tau, "
+          "re-predicted (1st / 2nd half) | tau, re-predicted without the max_tokens bound "
+          "| tau, arrival-time (1st / 2nd half) | past every length seen |")
+    print("|---|---|---|---|---|---|---|")
+
+    def cell(row: dict[str, Any], name: str) -> str:
+        h = row[f"tau_{name}_halves"]
+        return f"{row[f'tau_{name}']:.3f} ({h[0]:.3f} / {h[1]:.3f})"
+
+    for c in CHECKPOINTS:
+        row = result[str(c)]
+        rh = row["requests_halves"]
+        print(f"| {c} | {row['requests']} ({rh[0]} / {rh[1]}) | {row['pairs']} | "
+              f"{cell(row, 'repredict')} | {cell(row, 'repredict_unbounded')} | "
+              f"{cell(row, 'arrival')} | {row['outlived']} |")
+    print("\nper class: requests, mean predicted remaining (re-predicted / arrival-time) and "
+          "actual; share of pairs each predictor ties")
+    for c in CHECKPOINTS:
+        row = result[str(c)]
+        rep, arr = row["by_class_repredict"], row["by_class_arrival"]
+        print(f"  after {c}: " + "; ".join(
+            f"{k} {v['n']}: {v['predicted']:.0f} / {arr[k]['predicted']:.0f} vs "
+            f"{v['actual']:.0f}" for k, v in rep.items())
+            + f"; tied {row['tied_repredict']:.0%} / {row['tied_arrival']:.0%}")
 
 
 def main() -> None:
@@ -194,38 +320,39 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.1)
     parser.add_argument("--seconds", type=float, default=float("inf"),
                         help="stop after this long; requests unfinished then are left out")
+    parser.add_argument("--out", default="results/predictor_accuracy_real.json")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's); the figure is on the step clock")
+    parser.add_argument("--replay", metavar="JSON",
+                        help="no run: replay a saved run's records (its .partial.json too)")
     args = parser.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     utc = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    records, run = run_real(args.requests, args.streams, args.max_tokens, args.seed,
-                            args.temperature, args.seconds)
-    result = replay_accuracy(records, args.warmup)
     machine = machine_line()
-    by_class: dict[str, list[int]] = {}
-    for r in records:
-        by_class.setdefault(r.request_class, []).append(r.output_len)
+    if args.replay:
+        records, meta = load_records(Path(args.replay), args.streams)
+        result = replay_accuracy(records, args.warmup, scored=meta["complete"])
+        print(f"replay of {args.replay} ({meta['utc'] or 'a partial run'}, {meta['steps']} "
+              f"steps): {len(records)} finished requests, the first {meta['complete']} "
+              f"arrivals all finished (scored, less the first {args.warmup:.0%})")
+        _print_table(records, result)
+        return
+    records, run = run_real(args.requests, args.streams, args.max_tokens, args.seed,
+                            args.temperature, args.seconds,
+                            out.with_suffix(".partial.json"), args.threads)
+    result = replay_accuracy(records, args.warmup)
     print(f"real engine, SmolLM2-135M-Instruct Q4_1, {run['finished']} chat requests finished "
           f"of {args.requests} ({run['unfinished']} unfinished, {run['not_started']} not started "
           f"at the time limit) "
           f"({args.streams} streams, T={args.temperature}, seed {args.seed}, max_tokens "
           f"{args.max_tokens}), {run['output_tokens']} output tokens in "
-          f"{run['wall_seconds']:.0f} s; {machine}; {utc}")
-    print("mean output length by class: " + ", ".join(
-        f"{k} {sum(v) / len(v):.0f}" for k, v in sorted(by_class.items())))
-    print("\n| generated tokens | requests still running | pairs | tau, re-predicted "
-          "| tau, arrival-time |")
-    print("|---|---|---|---|---|")
-    for c in CHECKPOINTS:
-        row = result[str(c)]
-        print(f"| {c} | {row['requests']} | {row['pairs']} | {row['tau_repredict']:.3f} | "
-              f"{row['tau_arrival']:.3f} |")
-    Path("results").mkdir(exist_ok=True)
-    Path("results/predictor_accuracy_real.json").write_text(json.dumps({
+          f"{run['wall_seconds']:.0f} s, {run['steps']} steps; {machine}; {utc}")
+    _print_table(records, result)
+    out.write_text(json.dumps({
         "args": vars(args), "utc": utc, "machine": machine, "run": run,
         "checkpoints": result,
-        "records": [{"arrival": r.arrival, "finish": r.finish, "output_len": r.output_len,
-                     "class": r.request_class, "prompt_len": r.prompt_len,
-                     "reached": r.reached, "finish_reason": r.finish_reason}
-                    for r in records]}, indent=1))
+        "records": _dump(records)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {
     "fcfs": ("fcfs", {}),
     "mlfq": ("mlfq", {}),
     "mlfq-phase": ("mlfq", {"phase_aware": True}),
-    "sjf-repredict": ("sjf", {"repredict": True}),
+    # The replay's max_tokens is each request's true length: the re-predictor must not read it.
+    "sjf-repredict": ("sjf", {"repredict": True, "repredict_max_tokens": False}),
 }
 
 

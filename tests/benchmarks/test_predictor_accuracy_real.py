@@ -47,3 +47,53 @@ def test_replay_learns_nothing_from_finishes_it_could_not_have_seen():
     assert out["0"]["requests"] == 40
     # Every prediction is the default: constant, so no rank agreement at all.
     assert math.isnan(out["0"]["tau_repredict"]) and math.isnan(out["0"]["tau_arrival"])
+
+
+def _closed_loop(lengths: list[int], streams: int, max_tokens: int):
+    """The run's timeline as run_real records it: `streams` in flight, a request added at
+    step s (arrival s - 0.5) as soon as one finished in step s - 1, one token a step each."""
+    from predictor_accuracy_real import Record
+
+    records, running, step, nxt = [], {}, 0, 0
+    while nxt < len(lengths) or running:
+        while len(running) < streams and nxt < len(lengths):
+            records.append(Record(arrival=step - 0.5, finish=-1.0, output_len=0,
+                                  max_tokens=max_tokens))
+            running[nxt], nxt = 0, nxt + 1
+        for i in list(running):
+            running[i] += 1
+            if running[i] in (64, 256):
+                records[i].reached[running[i]] = float(step)
+            if running[i] == lengths[i]:
+                records[i].finish, records[i].output_len = step + 0.25, lengths[i]
+                records[i].finish_reason = "length" if lengths[i] == max_tokens else "stop"
+                del running[i]
+        step += 1
+    return records
+
+
+def test_a_partial_run_is_scored_only_on_its_first_arrivals_that_all_finished(tmp_path):
+    import json
+
+    from predictor_accuracy_real import _dump, load_records, replay_accuracy
+
+    lengths = [(37 * i) % 300 + 5 for i in range(60)]
+    records = _closed_loop(lengths, streams=4, max_tokens=300)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"args": {"requests": 60}, "records": _dump(records)}))
+    loaded, meta = load_records(path, streams=4)
+    assert meta["complete"] == 60 and [r.max_tokens for r in loaded] == [300] * 60
+    # Cut the run at step t: the finished ones are written, the rest are not.
+    t = records[30].finish - 1
+    started = sum(r.arrival < t for r in records)
+    first_open = min(i for i, r in enumerate(records) if r.finish > t)
+    assert first_open < started  # some that arrived have not finished: a real cut
+    path.write_text(json.dumps({"steps": int(t), "started": started,
+                                "records": _dump([r for r in records if r.finish <= t])}))
+    loaded, meta = load_records(path, streams=4)
+    expected = sum(r.arrival < records[first_open].arrival for r in records)
+    assert meta["complete"] == expected
+    out = replay_accuracy(loaded, warmup=0.0, scored=meta["complete"])
+    assert out["0"]["requests"] == expected  # every scored one, none of the later ones
+    assert sum(out["0"]["requests_halves"]) == expected
+    assert out["0"]["requests_halves"][0] == expected // 2

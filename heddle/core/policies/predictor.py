@@ -161,10 +161,18 @@ class RemainingLenPredictor:
     phase is the empirical mean residual life, E[L - done | L > done], of that phase's
     lengths, plus (while thinking) the mean answer length: so it follows what the request has
     already shown (a thinking phase that ran long is expected to run longer, heavy tails and
-    all) instead of scoring the prompt once. Beyond every observed length it predicts a
-    quarter of what the phase has used so far. (Not per prompt-length bucket, unlike
+    all) instead of scoring the prompt once. (Not per prompt-length bucket, unlike
     `OutputLenPredictor`: where output does not depend on the prompt, as on the simulator's
     workloads, per-bucket estimates only add noise that breaks ties within a class.)
+
+    With `use_max_tokens` (the default) the request's own bound is used: no prediction exceeds
+    `max_output_tokens - num_output_tokens`, and a request that has outlived every length its
+    class has shown in its phase is predicted to run to that bound (it is the longest-lived of
+    its class, and nothing seen says where it stops); without it, or with no bound, a quarter
+    of what the phase has used so far. On real chat (docs/SPECULATION.md) the outlived ones are
+    mostly long requests met early, before the predictor had seen one finish. Turn it off where
+    `max_tokens` is not a client's bound but the answer: the simulator's replay sets it to each
+    request's true length.
 
     Accuracy is recorded honestly: at each checkpoint (0, 64, 256 generated tokens) the
     prediction made then, by a predictor that has learnt only from requests finished before,
@@ -177,12 +185,15 @@ class RemainingLenPredictor:
         min_samples: int = 8,
         window: int = 2048,
         checkpoints: tuple[int, ...] = CHECKPOINTS,
+        use_max_tokens: bool = True,
     ) -> None:
         if default_output_len <= 0 or min_samples < 1 or window < 1:
             raise ValueError("bad predictor options")
         self.default_output_len = float(default_output_len)
         self.min_samples = min_samples
         self.window = window
+        self.use_max_tokens = use_max_tokens
+        self.num_outlived = 0  # predictions made past every length the class had shown
         self.checkpoints = tuple(sorted(checkpoints))
         self._thinking: dict[_Key, _Lengths] = {}
         self._answer: dict[_Key, _Lengths] = {}
@@ -201,25 +212,38 @@ class RemainingLenPredictor:
                 return entry
         return None
 
-    def _residual(self, table: dict[_Key, _Lengths], request: Request, done: int) -> float:
+    def _residual(self, table: dict[_Key, _Lengths], request: Request, done: int,
+                  ) -> float | None:
+        """The phase's mean residual life `done` tokens in; None past every length seen."""
         entry = self._lengths(table, request)
         if entry is None:
             return max(1.0, self.default_output_len - done)
         residual = entry.residual(done)
-        return max(1.0, residual if residual is not None else 0.25 * done)
+        return None if residual is None else max(1.0, residual)
 
     def predict_remaining(self, request: Request) -> float:
         """Predicted output tokens still to come (>= 1)."""
         state = request.reasoning
-        if state is not None and state.is_thinking:
-            done = state.tokens_in_phase
-            remaining = self._residual(self._thinking, request, done)
+        thinking = state is not None and state.is_thinking
+        table = self._thinking if thinking else self._answer
+        done = state.tokens_in_phase if state is not None else request.num_output_tokens
+        remaining = self._residual(table, request, done)
+        # A bound only where the client or the model set one (not the "unbounded" 2**62).
+        bounded = self.use_max_tokens and (request.sampling_params.max_tokens is not None
+                                           or request.max_model_len is not None)
+        bound = max(1, request.max_output_tokens - request.num_output_tokens)
+        outlived = remaining is None
+        if remaining is None:
+            self.num_outlived += 1
+            remaining = max(1.0, 0.25 * done)
+        if thinking:
             answer = self._lengths(self._answer, request)
             if answer is not None:
                 remaining += answer.residual(0) or 0.0
-        else:
-            done = state.tokens_in_phase if state is not None else request.num_output_tokens
-            remaining = self._residual(self._answer, request, done)
+        if outlived and bounded:
+            remaining = float(bound)  # the answer too is inside the bound
+        elif bounded:
+            remaining = min(remaining, float(bound))
         self._record(request, remaining)
         return remaining
 

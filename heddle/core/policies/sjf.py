@@ -71,12 +71,14 @@ class SJFPolicy(RemainingWorkPolicy):
         default_output_len: float = 128.0,
         min_samples: int = 2,
         repredict: bool = False,
+        repredict_max_tokens: bool = True,
     ) -> None:
         super().__init__(aging_seconds, prompt_weight)
         self.predictor = OutputLenPredictor(default_output_len, min_samples)
         self.remaining: RemainingLenPredictor | None = None
         if repredict:
-            self.remaining = RemainingLenPredictor(default_output_len, max(min_samples, 8))
+            self.remaining = RemainingLenPredictor(default_output_len, max(min_samples, 8),
+                                                   use_max_tokens=repredict_max_tokens)
 
     def predicted_output_len(self, request: Request) -> float:
         if self.remaining is not None:

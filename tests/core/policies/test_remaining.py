@@ -66,7 +66,7 @@ def finish(predictor, request_id, total, **kwargs):
 
 
 def test_remaining_is_the_mean_residual_life_of_the_lengths_seen():
-    predictor = RemainingLenPredictor(default_output_len=50, min_samples=4)
+    predictor = RemainingLenPredictor(default_output_len=50, min_samples=4, use_max_tokens=False)
     assert predictor.predict_remaining(request_at("new", 0)) == 50  # nothing learnt yet
     assert predictor.predict_remaining(request_at("late", 60)) == 1  # past the default
     for i, length in enumerate([10, 10, 100, 100]):
@@ -76,6 +76,38 @@ def test_remaining_is_the_mean_residual_life_of_the_lengths_seen():
     assert predictor.predict_remaining(request_at("b", 20)) == pytest.approx(80)
     # Beyond every length seen: a quarter of what it has used.
     assert predictor.predict_remaining(request_at("c", 400)) == pytest.approx(100)
+
+
+def test_the_max_tokens_bound_caps_every_prediction_and_answers_for_the_outlived():
+    predictor = RemainingLenPredictor(min_samples=4)
+    unbounded = RemainingLenPredictor(min_samples=4, use_max_tokens=False)
+    for p in (predictor, unbounded):
+        for i, length in enumerate([10, 10, 100, 100]):
+            finish(p, f"r{i}", length)
+    # Inside the lengths seen: the residual life, unless the bound is nearer.
+    assert predictor.predict_remaining(request_at("a", 20, max_tokens=1000)) == pytest.approx(80)
+    assert predictor.predict_remaining(request_at("b", 20, max_tokens=50)) == pytest.approx(30)
+    assert unbounded.predict_remaining(request_at("b", 20, max_tokens=50)) == pytest.approx(80)
+    # Past every length its class has shown: it runs to its bound (a quarter of 400 without).
+    for p, expected in ((predictor, 600), (unbounded, 100)):
+        assert p.predict_remaining(request_at("c", 400, max_tokens=1000)) == expected
+    assert predictor.num_outlived == unbounded.num_outlived == 1
+    # No bound at all (no max_tokens, no model length): a quarter of what it has used.
+    free = request_at("d", 400)
+    free.sampling_params = free.sampling_params.__class__(max_tokens=None)
+    free.max_output_tokens = 1 << 62
+    assert predictor.predict_remaining(free) == pytest.approx(100)
+    # Thinking past every thinking length seen: the bound holds the answer too.
+    for i in range(4):
+        finish(predictor, f"t{i}", 130, cls="math", thinking_len=100)
+    thinking = request_at("x", 150, cls="math", thinking_len=1000, max_tokens=500)
+    assert thinking.reasoning is not None and thinking.reasoning.is_thinking
+    assert predictor.predict_remaining(thinking) == pytest.approx(350)
+    # A thinking request inside the lengths seen adds the answer, under the bound.
+    early = request_at("y", 50, cls="math", thinking_len=1000, max_tokens=500)
+    assert predictor.predict_remaining(early) == pytest.approx(50 + 30)
+    tight = request_at("z", 50, cls="math", thinking_len=1000, max_tokens=60)
+    assert predictor.predict_remaining(tight) == pytest.approx(10)
 
 
 def test_thinking_requests_add_the_answer_and_classes_are_kept_apart():
