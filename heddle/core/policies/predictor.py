@@ -165,12 +165,14 @@ class RemainingLenPredictor:
     `OutputLenPredictor`: where output does not depend on the prompt, as on the simulator's
     workloads, per-bucket estimates only add noise that breaks ties within a class.)
 
-    With `use_max_tokens` (the default) the request's own bound is used: no prediction exceeds
-    `max_output_tokens - num_output_tokens`, and a request that has outlived every length its
-    class has shown in its phase is predicted to run to that bound (it is the longest-lived of
-    its class, and nothing seen says where it stops); without it, or with no bound, a quarter
-    of what the phase has used so far. On real chat (docs/SPECULATION.md) the outlived ones are
-    mostly long requests met early, before the predictor had seen one finish. Turn it off where
+    Past every length seen it predicts a quarter of what the phase has used so far, with one
+    exception: with `use_max_tokens` (the default), a request whose class has not finished
+    `min_samples` requests yet and that has outlived every length of all classes is predicted
+    to run to its bound. Early in a run the requests that have finished are the short ones, so
+    such a request is most likely of a long class none of whose members has finished (on real
+    chat, docs/SPECULATION.md: stories, which end at max_tokens); once its class is learnt,
+    outliving it is an anomaly, and the quarter holds. With `use_max_tokens` no prediction
+    exceeds `max_output_tokens - num_output_tokens` either. Turn it off where
     `max_tokens` is not a client's bound but the answer: the simulator's replay sets it to each
     request's true length.
 
@@ -193,7 +195,8 @@ class RemainingLenPredictor:
         self.min_samples = min_samples
         self.window = window
         self.use_max_tokens = use_max_tokens
-        self.num_outlived = 0  # predictions made past every length the class had shown
+        self.num_outlived = 0  # predictions made past every length seen
+        self.num_to_bound = 0  # of those, the ones predicted to run to the request's bound
         self.checkpoints = tuple(sorted(checkpoints))
         self._thinking: dict[_Key, _Lengths] = {}
         self._answer: dict[_Key, _Lengths] = {}
@@ -213,13 +216,15 @@ class RemainingLenPredictor:
         return None
 
     def _residual(self, table: dict[_Key, _Lengths], request: Request, done: int,
-                  ) -> float | None:
-        """The phase's mean residual life `done` tokens in; None past every length seen."""
+                  ) -> tuple[float | None, bool]:
+        """The phase's mean residual life `done` tokens in (None past every length seen), and
+        whether it came from the request's own class (not the all-classes fallback)."""
         entry = self._lengths(table, request)
         if entry is None:
-            return max(1.0, self.default_output_len - done)
+            return max(1.0, self.default_output_len - done), False
         residual = entry.residual(done)
-        return None if residual is None else max(1.0, residual)
+        own = entry is table.get(("c", request.request_class))
+        return (None if residual is None else max(1.0, residual)), own
 
     def predict_remaining(self, request: Request) -> float:
         """Predicted output tokens still to come (>= 1)."""
@@ -227,7 +232,7 @@ class RemainingLenPredictor:
         thinking = state is not None and state.is_thinking
         table = self._thinking if thinking else self._answer
         done = state.tokens_in_phase if state is not None else request.num_output_tokens
-        remaining = self._residual(table, request, done)
+        remaining, own_class = self._residual(table, request, done)
         # A bound only where the client or the model set one (not the "unbounded" 2**62).
         bounded = self.use_max_tokens and (request.sampling_params.max_tokens is not None
                                            or request.max_model_len is not None)
@@ -240,7 +245,8 @@ class RemainingLenPredictor:
             answer = self._lengths(self._answer, request)
             if answer is not None:
                 remaining += answer.residual(0) or 0.0
-        if outlived and bounded:
+        if outlived and bounded and not own_class:
+            self.num_to_bound += 1
             remaining = float(bound)  # the answer too is inside the bound
         elif bounded:
             remaining = min(remaining, float(bound))

@@ -78,32 +78,40 @@ def test_remaining_is_the_mean_residual_life_of_the_lengths_seen():
     assert predictor.predict_remaining(request_at("c", 400)) == pytest.approx(100)
 
 
-def test_the_max_tokens_bound_caps_every_prediction_and_answers_for_the_outlived():
+def test_the_max_tokens_bound_caps_predictions_and_answers_for_an_unlearnt_class():
     predictor = RemainingLenPredictor(min_samples=4)
     unbounded = RemainingLenPredictor(min_samples=4, use_max_tokens=False)
     for p in (predictor, unbounded):
         for i, length in enumerate([10, 10, 100, 100]):
-            finish(p, f"r{i}", length)
+            finish(p, f"r{i}", length, cls="chat")
     # Inside the lengths seen: the residual life, unless the bound is nearer.
-    assert predictor.predict_remaining(request_at("a", 20, max_tokens=1000)) == pytest.approx(80)
-    assert predictor.predict_remaining(request_at("b", 20, max_tokens=50)) == pytest.approx(30)
-    assert unbounded.predict_remaining(request_at("b", 20, max_tokens=50)) == pytest.approx(80)
-    # Past every length its class has shown: it runs to its bound (a quarter of 400 without).
-    for p, expected in ((predictor, 600), (unbounded, 100)):
-        assert p.predict_remaining(request_at("c", 400, max_tokens=1000)) == expected
-    assert predictor.num_outlived == unbounded.num_outlived == 1
+    chat = {"cls": "chat"}
+    assert predictor.predict_remaining(request_at("a", 20, max_tokens=1000, **chat)) == 80
+    assert predictor.predict_remaining(request_at("b", 20, max_tokens=50, **chat)) == 30
+    assert unbounded.predict_remaining(request_at("b", 20, max_tokens=50, **chat)) == 80
+    # Past every length of its own, learnt class: an anomaly, a quarter of what it used.
+    assert predictor.predict_remaining(request_at("c", 400, max_tokens=1000, **chat)) == 100
+    # A class not learnt yet (no story finished), past every length of all classes: most
+    # likely a long class none of whose members has finished: it runs to its bound.
+    story = request_at("s", 400, max_tokens=1000, cls="story")
+    assert predictor.predict_remaining(story) == 600
+    assert unbounded.predict_remaining(story) == 100
+    assert predictor.num_outlived == 2 and predictor.num_to_bound == 1
+    assert unbounded.num_outlived == 1 and unbounded.num_to_bound == 0
+    # Inside the lengths seen, the unlearnt class takes all classes' residual life.
+    assert predictor.predict_remaining(request_at("t", 20, max_tokens=1000, cls="story")) == 80
     # No bound at all (no max_tokens, no model length): a quarter of what it has used.
-    free = request_at("d", 400)
+    free = request_at("d", 400, cls="story")
     free.sampling_params = free.sampling_params.__class__(max_tokens=None)
     free.max_output_tokens = 1 << 62
     assert predictor.predict_remaining(free) == pytest.approx(100)
-    # Thinking past every thinking length seen: the bound holds the answer too.
+    # Thinking past every thinking length seen, its class unlearnt: the bound holds the
+    # answer too; inside them, thinking residual plus the answer, under the bound.
     for i in range(4):
         finish(predictor, f"t{i}", 130, cls="math", thinking_len=100)
-    thinking = request_at("x", 150, cls="math", thinking_len=1000, max_tokens=500)
+    thinking = request_at("x", 150, cls="proof", thinking_len=1000, max_tokens=500)
     assert thinking.reasoning is not None and thinking.reasoning.is_thinking
     assert predictor.predict_remaining(thinking) == pytest.approx(350)
-    # A thinking request inside the lengths seen adds the answer, under the bound.
     early = request_at("y", 50, cls="math", thinking_len=1000, max_tokens=500)
     assert predictor.predict_remaining(early) == pytest.approx(50 + 30)
     tight = request_at("z", 50, cls="math", thinking_len=1000, max_tokens=60)
