@@ -121,9 +121,15 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
                         0.0, request_class=rec.request_class) for i, rec in enumerate(records)]
     base: dict[int, list[tuple[float, int, int]]] = {c: [] for c in checkpoints}
     to_bound = {c: 0 for c in checkpoints}  # re-predictions sent to the request's max_tokens
+    unlearnt = {c: 0 for c in checkpoints}  # made before the class had min_samples finishes
+    finished: dict[str, int] = {}
     bounded = repredictors["repredict"]
     for _, kind, i, c in events:
         request, rec = requests[i], records[i]
+        if kind == 1:
+            finished[rec.request_class] = finished.get(rec.request_class, 0) + 1
+        elif i in kept and finished.get(rec.request_class, 0) < bounded.min_samples:
+            unlearnt[c] += 1
         if kind == 0:
             request.all_token_ids[request.num_prompt_tokens:] = [1] * c
             before = bounded.num_to_bound
@@ -151,7 +157,7 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
         by_name["arrival"] = [p for p in base[c] if p[2] in kept]
         n = len(by_name["repredict"])
         row: dict[str, Any] = {"requests": n, "pairs": n * (n - 1) // 2,
-                               "to_bound": to_bound[c]}
+                               "to_bound": to_bound[c], "class_unlearnt": unlearnt[c]}
         for name, pairs in by_name.items():
             row[f"tau_{name}"] = tau(pairs)
             row[f"tied_{name}"] = _tied_share([p[0] for p in pairs])
@@ -284,8 +290,9 @@ def _print_table(records: list[Record], result: dict[str, Any]) -> None:
         f"{k} {sum(v) / len(v):.0f} ({capped[k] / len(v):.0%})" for k, v in sorted(by_class.items())))
     print("\n| generated tokens | requests still running (1st / 2nd half) | pairs | tau, "
           "re-predicted (1st / 2nd half) | tau, re-predicted without the max_tokens bound "
-          "| tau, arrival-time (1st / 2nd half) | predicted to run to max_tokens |")
-    print("|---|---|---|---|---|---|---|")
+          "| tau, arrival-time (1st / 2nd half) | class not learnt yet | predicted to run to "
+          "max_tokens |")
+    print("|---|---|---|---|---|---|---|---|")
 
     def cell(row: dict[str, Any], name: str) -> str:
         h = row[f"tau_{name}_halves"]
@@ -296,7 +303,7 @@ def _print_table(records: list[Record], result: dict[str, Any]) -> None:
         rh = row["requests_halves"]
         print(f"| {c} | {row['requests']} ({rh[0]} / {rh[1]}) | {row['pairs']} | "
               f"{cell(row, 'repredict')} | {cell(row, 'repredict_unbounded')} | "
-              f"{cell(row, 'arrival')} | {row['to_bound']} |")
+              f"{cell(row, 'arrival')} | {row['class_unlearnt']} | {row['to_bound']} |")
     print("\nper class: requests, mean predicted remaining (re-predicted / arrival-time) and "
           "actual; share of pairs each predictor ties")
     for c in CHECKPOINTS:
