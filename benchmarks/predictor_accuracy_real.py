@@ -122,6 +122,7 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
     base: dict[int, list[tuple[float, int, int]]] = {c: [] for c in checkpoints}
     to_bound = {c: 0 for c in checkpoints}  # re-predictions sent to the request's max_tokens
     unlearnt = {c: 0 for c in checkpoints}  # made before the class had min_samples finishes
+    unlearnt_by_class: dict[int, dict[str, int]] = {c: {} for c in checkpoints}
     finished: dict[str, int] = {}
     bounded = repredictors["repredict"]
     for _, kind, i, c in events:
@@ -130,6 +131,8 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
             finished[rec.request_class] = finished.get(rec.request_class, 0) + 1
         elif i in kept and finished.get(rec.request_class, 0) < bounded.min_samples:
             unlearnt[c] += 1
+            unlearnt_by_class[c][rec.request_class] = (
+                unlearnt_by_class[c].get(rec.request_class, 0) + 1)
         if kind == 0:
             request.all_token_ids[request.num_prompt_tokens:] = [1] * c
             before = bounded.num_to_bound
@@ -166,7 +169,9 @@ def replay_accuracy(records: list[Record], warmup: float = 0.1,
                 classes.setdefault(records[p[2]].request_class, []).append((p[0], p[1]))
             row[f"by_class_{name}"] = {
                 k: {"n": len(v), "predicted": sum(x for x, _ in v) / len(v),
-                    "actual": sum(y for _, y in v) / len(v)} for k, v in sorted(classes.items())}
+                    "actual": sum(y for _, y in v) / len(v),
+                    "class_unlearnt": unlearnt_by_class[c].get(k, 0)}
+                for k, v in sorted(classes.items())}
             row[f"tau_{name}_halves"] = [tau([p for p in pairs if half[p[2]] == h])
                                          for h in (0, 1)]
         row["requests_halves"] = [sum(half[p[2]] == h for p in by_name["repredict"])
@@ -304,14 +309,16 @@ def _print_table(records: list[Record], result: dict[str, Any]) -> None:
         print(f"| {c} | {row['requests']} ({rh[0]} / {rh[1]}) | {row['pairs']} | "
               f"{cell(row, 'repredict')} | {cell(row, 'repredict_unbounded')} | "
               f"{cell(row, 'arrival')} | {row['class_unlearnt']} | {row['to_bound']} |")
-    print("\nper class: requests, mean predicted remaining (re-predicted / arrival-time) and "
+    print("\nper class: requests (of them predicted before the class had min_samples finishes: "
+          "unlearnt), mean predicted remaining (re-predicted / arrival-time) and "
           "actual; share of pairs each predictor ties")
     for c in CHECKPOINTS:
         row = result[str(c)]
         rep, arr = row["by_class_repredict"], row["by_class_arrival"]
         print(f"  after {c}: " + "; ".join(
-            f"{k} {v['n']}: {v['predicted']:.0f} / {arr[k]['predicted']:.0f} vs "
-            f"{v['actual']:.0f}" for k, v in rep.items())
+            f"{k} {v['n']} ({v['class_unlearnt']} unlearnt): "
+            f"{v['predicted']:.0f} / {arr[k]['predicted']:.0f} vs {v['actual']:.0f}"
+            for k, v in rep.items())
             + f"; tied {row['tied_repredict']:.0%} / {row['tied_arrival']:.0%}")
 
 
