@@ -14,6 +14,11 @@ order, from a saved `benchmarks/sim_fidelity.py` run (RESULTS.json, its `.steps.
   within 10%. This takes the machine's speed during the run as known and asks whether the
   model's relative prices (shape against shape) give the figures: what is left is the model's
   error, not the drift. Virtual clock; no timing.
+- `--layout`: the back-to-back decode-only steps' measured / price by the kind of step before
+  them (a step with a prompt chunk: the first decode of the request it admitted, on the fused
+  layers after the eager ones; or another decode) and batch size, and how far the runs' block
+  tables were spread over the pool (breaks per decode row, from the step log; logs before the
+  block-layout term have none).
 
     python benchmarks/fidelity_drift.py results/s1/auto/sim_fidelity.json --own-speed
 """
@@ -118,12 +123,45 @@ def own_speed(saved: dict[str, Any], cost: ProfiledCostModel, case: dict[str, An
     return speeds, {m: statistics.median(e) for m, e in errors.items()}
 
 
+def after_kind(steps: Steps, gaps: list[float | None], price: Any) -> dict[tuple[str, str],
+                                                                          list[float]]:
+    """(step before, batch) -> measured / price of the back-to-back decode-only steps."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    previous: StepShape | None = None
+    for (shape, seconds), gap in zip(steps, gaps, strict=True):
+        if (not shape.prefill_chunks and previous is not None and gap is not None
+                and gap < NO_IDLE_S):  # fmt: skip
+            before = "a prompt chunk" if previous.prefill_chunks else "a decode"
+            n = shape.num_decode_tokens
+            batch = "1" if n == 1 else "2-4" if n <= 4 else "5+"
+            groups.setdefault((before, batch), []).append(seconds / price.step_time(shape))
+        previous = shape
+    return groups
+
+
+def print_layout(steps: Steps, gaps: list[float | None], price: Any, block_size: int) -> None:
+    print("\nback-to-back decode-only steps by the step before them, measured / price:")
+    print("| step before | decodes | steps | median |")
+    print("|---|---:|---:|---:|")
+    for (before, batch), ratios in sorted(after_kind(steps, gaps, price).items()):
+        print(f"| {before} | {batch} | {len(ratios)} | {statistics.median(ratios):.3f} |")
+    decode = [s for s, _ in steps if s.num_decode_tokens]
+    rows = sum(s.num_decode_tokens for s in decode)
+    breaks = sum(s.decode_block_breaks for s in decode)
+    blocks = sum(s.decode_context_tokens for s in decode) / block_size
+    print(f"block tables: {breaks / max(1, rows):.2f} breaks per decode row over {rows} rows "
+          f"({100 * breaks / max(1.0, blocks):.1f}% of their ~{blocks / max(1, rows):.1f} "
+          f"blocks; a table scattered over the whole pool breaks at ~100%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="a sim_fidelity.py RESULTS.json (its .steps.json and "
                         ".profile.json beside it)")
     parser.add_argument("--own-speed", action="store_true",
                         help="also simulate each run at its own speed (virtual clock)")
+    parser.add_argument("--layout", action="store_true",
+                        help="decode steps by the step before them; the tables' breaks")
     args = parser.parse_args()
     path = Path(args.results)
     try:
@@ -149,6 +187,8 @@ def main() -> None:
                      for kind in ("decode", "chunk")]  # fmt: skip
             print(f"| {case['workload'] + ' @ ' + str(case['rate']) if k == 0 else ''} | "
                   f"{canary if k == 0 else ''} | {k + 1} | {cells[0]} | {cells[1]} |")
+    if args.layout:
+        print_layout(steps, gaps, price, int(cost.metadata.extra.get("block_size", 16)))
     if not args.own_speed:
         return
     within = total = 0

@@ -3,7 +3,8 @@
 # grid of one dtype back to back in one process (a profile from another slot is stale), then,
 # if time is left, the shared-L3 test; each under a wall-clock limit so the slot ends by END.
 #   [RESERVE_S=70] tools/bench benchmarks/fidelity_slot.sh DTYPE OUTDIR END(HH:MM:SS UTC) [CANARY] [RETIME]
-# (RESERVE_S: seconds kept from the grid for the cache test)
+# (RESERVE_S: seconds kept from the grid for the cache test; FIDELITY_ARGS: more flags of
+#  sim_fidelity.py, e.g. "--rounds 2 --repeats 1")
 set -u
 dtype=${1:?dtype (auto or float32)}; out=${2:?output dir}; end=${3:?end time HH:MM:SS UTC}
 canary=${4:-16}; retime=${5:-24}
@@ -15,7 +16,7 @@ head -1 /proc/stat  # user nice system idle iowait irq softirq steal (1/100 s)
 grid_s=$(( end_s - $(date -u +%s) - ${RESERVE_S:-70} ))
 timeout "$grid_s" "$py" -u benchmarks/sim_fidelity.py --num-requests 24 --runs 3 --dtype "$dtype" \
   --cases chat@2.5,long-prompt-mix@2.5,chat@1.0,long-prompt-mix@1.0 --canary "$canary" \
-  --retime "$retime" --output "$out/sim_fidelity.json" 2>&1 | tee "$out/sim_fidelity.log"
+  --retime "$retime" ${FIDELITY_ARGS:-} --output "$out/sim_fidelity.json" 2>&1 | tee "$out/sim_fidelity.log"
 date -u +"grid done %H:%M:%S UTC"
 left=$(( end_s - $(date -u +%s) ))
 if [ "$left" -ge 45 ]; then

@@ -513,6 +513,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each profiled shape")
     parser.add_argument("--num-mixed", type=int, default=128, help="mixed steps profiled")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes over the profile's shapes (heddle profile --rounds)")
     parser.add_argument("--canary", type=int, default=16,
                         help="shapes re-timed before and after each case: the machine's speed "
                         "against the profile's (0: none)")
@@ -600,6 +602,7 @@ def main() -> None:
             engine_config=None if args.no_host else config,
             samples_out=profile_samples,
             decode_runs=args.decode_runs,
+            rounds=args.rounds,
         )
         # The profile's own timed shapes (the grid's first), to refit without a term or a
         # family of shapes (benchmarks/fidelity_terms.py).
@@ -616,6 +619,9 @@ def main() -> None:
     fit = cost.metadata.fit
     if fit is not None:
         print("\n".join(fit.lines()))
+    from heddle.cli.profile import layout_lines
+
+    print("\n".join(layout_lines(cost.metadata.extra)))
     idle = cost.metadata.extra.get("idle")
     host = cost.metadata.extra.get("host")
     if host:

@@ -28,6 +28,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each shape (median)")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each shape first")
     p.add_argument(
+        "--rounds", type=int, default=1,
+        help="passes over all the shapes, each timing every shape (warm-up + repeats); a "
+        "shape's price is the median of its passes, so a slow spell of the machine touches "
+        "every shape alike; >1 also reports each pass's own fit",
+    )
+    p.add_argument(
+        "--no-scatter-check", action="store_true",
+        help="do not time the check of the block-layout term (a few shapes with tables in "
+        "runs and scattered over the pool, side by side)",
+    )
+    p.add_argument(
         "--decode-runs", default="moving", choices=("moving", "known", "new"),
         help="how a shape's timed runs schedule its decodes: decoding on from one position to "
         "the next as a running engine's do (moving), re-computing one position (known), or "
@@ -103,6 +114,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     args.idle_gaps = _idle_gaps(args.idle_gaps)
     if args.grammar_rows < 0 or args.grammar_repeats < 1:
         raise HeddleError("--grammar-rows must be >= 0 and --grammar-repeats >= 1")
+    if args.rounds < 1 or args.repeats < 1 or args.warmup < 0:
+        raise HeddleError("--rounds and --repeats must be >= 1, --warmup >= 0")
     if args.from_run:
         return _fit_from_run(args)
     from heddle.model.executor import ModelExecutor
@@ -118,6 +131,7 @@ def _report(fitted: Any, output: str) -> int:
     fitted.save(output)
     if fitted.metadata.fit is not None:
         print("\n".join(fitted.metadata.fit.lines()))
+    print("\n".join(layout_lines(fitted.metadata.extra)))
     host = fitted.metadata.extra.get("host")
     if host:
         from heddle.model.profiling_host import HostProfile
@@ -132,6 +146,15 @@ def _report(fitted: Any, output: str) -> int:
                   f"{100 * check['held_out_median_abs_without']:.1f}% without")  # fmt: skip
     print(f"wrote {output}")
     return 0
+
+
+def layout_lines(extra: dict[str, Any]) -> list[str]:
+    """The profile's block-layout check and its passes' fits, where it has them."""
+    from heddle.model.profiling import round_lines
+    from heddle.model.profiling_layout import scatter_lines
+
+    out = scatter_lines(extra["scatter"]) if extra.get("scatter") else []
+    return out + (round_lines(extra["rounds"]) if extra.get("rounds") else [])
 
 
 def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
@@ -150,6 +173,8 @@ def _profile(args: argparse.Namespace, config: Any, executor: Any) -> int:
         num_mixed=args.num_mixed,
         repeats=args.repeats,
         warmup=args.warmup,
+        rounds=args.rounds,
+        scatter_check=not args.no_scatter_check,
         decode_runs=args.decode_runs,
         held_out=args.held_out,
         seed=args.seed,

@@ -18,6 +18,7 @@ from heddle.clock import Clock, WallClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, OutputBuilder, SchedulerOutput
 from heddle.errors import HeddleError
 from heddle.request import SamplingParams
+from heddle.sim.block_layout import BlockBreaks, scattered_tables
 from heddle.sim.cost_model import StepShape
 from heddle.sim.profiled import ProfiledCostModel, fit_profile
 from heddle.sim.warmup import DEFAULT_GAPS_S
@@ -167,6 +168,8 @@ def build_scheduler_output(
     request_prefix: str = "profile",
     decodes_of: int | None = None,
     decode_lag: int = 0,
+    scatter: float = 0.0,
+    layout_seed: int | None = None,
 ) -> SchedulerOutput:
     """A SchedulerOutput of `shape` with synthetic token ids and freshly allocated blocks.
 
@@ -180,6 +183,10 @@ def build_scheduler_output(
     shape's (at most down to the first): a shape's runs with lags k, k - 1, .., 0 decode on
     from one position to the next, as a running engine's decodes do; the blocks cover the
     shape's full context from the first run.
+    `scatter` > 0 (needs `num_blocks`): the tables are drawn over the whole pool, each next
+    block a jump with that probability (`heddle.sim.block_layout.scattered_tables`), the same
+    tables for every run of the shape (seeded by `layout_seed`, else its first step's id); 0:
+    blocks 0 upward.
     """
     if decode_lag < 0:
         raise HeddleError("decode_lag must be >= 0")
@@ -189,12 +196,30 @@ def build_scheduler_output(
     sampled_prefills = max(0, shape.num_sampled_rows - shape.num_decode_tokens)
     next_block = 0
     builder = OutputBuilder(step_id)
+    tables: list[list[int]] = []
+    if scatter:
+        if num_blocks is None:
+            raise HeddleError("scattered block tables need the pool's num_blocks")
+        contexts = [c for _, c in shape.prefill_chunks] + list(shape.decode_context_lens)
+        sizes = [-(-c // block_size) for c in contexts]
+        if sum(sizes) > num_blocks:
+            raise HeddleError(
+                f"a step of {shape.num_requests} requests needs {sum(sizes)} KV blocks of "
+                f"{block_size} tokens; the executor has {num_blocks}: shrink the grid"
+            )
+        seed = layout_seed if layout_seed is not None else (
+            step_id if decodes_of is None else decodes_of)  # fmt: skip
+        tables = scattered_tables(sizes, num_blocks, scatter, random.Random(seed))
+        tables.reverse()  # popped in row order
 
     def add(index: int, num_new: int, context: int, prompt_len: int, sample: bool) -> None:
         nonlocal next_block
         num_blocks_needed = -(-context // block_size)
-        table = list(range(next_block, next_block + num_blocks_needed))
-        next_block += num_blocks_needed
+        if tables:
+            table = tables.pop()
+        else:
+            table = list(range(next_block, next_block + num_blocks_needed))
+            next_block += num_blocks_needed
         at = context - min(decode_lag, context - 1) if num_new == 1 else context
         if decodes_of is not None and num_new == 1:
             builder.add(f"{request_prefix}-{decodes_of}-{index}", at - 1, 1, sample,
@@ -251,6 +276,9 @@ def profile_executor(
     vocab_size: int = 1000,
     clock: Clock | None = None,
     decode_runs: str = "moving",
+    scatter: float | Sequence[float] = 0.0,
+    rounds: int = 1,
+    rounds_out: list[list[tuple[StepShape, float]]] | None = None,
 ) -> list[tuple[StepShape, float]]:
     """(shape, median seconds over `repeats` runs) for each shape, after `warmup` untimed runs.
 
@@ -262,38 +290,84 @@ def profile_executor(
     shape's last position) or "new" (every run sends the decodes as new requests too). Each
     shape's requests are reported finished when it is done (chunks: after each run), so an
     executor that keeps per-request state drops it as in serving.
+    `scatter` (one level, or one per shape): how far the shape's block tables are spread over
+    the pool (`build_scheduler_output`); the sample's shape carries its decode rows' breaks
+    (`StepShape.decode_block_breaks`, counted as the engine's StepRecorder counts them).
+    `rounds` > 1: every shape is timed in each of `rounds` passes over all the shapes, and its
+    sample is the median of the passes' medians, so a spell of the machine's speed touches
+    every shape alike instead of the few timed in it; `rounds_out` receives each pass's
+    samples.
     """
-    if repeats < 1 or warmup < 0:
-        raise HeddleError("repeats must be >= 1 and warmup >= 0")
+    if repeats < 1 or warmup < 0 or rounds < 1:
+        raise HeddleError("repeats and rounds must be >= 1 and warmup >= 0")
+    levels = [float(scatter)] * len(shapes) if isinstance(scatter, int | float) else list(scatter)
+    if len(levels) != len(shapes):
+        raise HeddleError(f"{len(levels)} scatter levels for {len(shapes)} shapes")
     if decode_runs not in DECODE_RUNS:
         raise HeddleError(f"decode_runs must be one of {', '.join(DECODE_RUNS)}, "
                           f"not {decode_runs!r}")  # fmt: skip
     clock = clock or WallClock()
     finished: list[str] = []
     step_id = 0
-    results: list[tuple[StepShape, float]] = []
-    for shape in shapes:
-        times = []
-        first = step_id
-        for run in range(warmup + repeats):
-            known = run > 0 and decode_runs != "new"
-            lag = warmup + repeats - 1 - run if decode_runs == "moving" else 0
-            so = build_scheduler_output(shape, step_id, block_size, num_blocks, vocab_size,
-                                        decodes_of=first if known else None,
-                                        decode_lag=lag)  # fmt: skip
-            so.finished_request_ids = finished
-            start = clock.now()
-            execute_fn(so)
-            elapsed = clock.now() - start
-            if run >= warmup:
-                times.append(elapsed)
-            last = run == warmup + repeats - 1
-            known_next = decode_runs != "new"  # the next run schedules these decodes again
-            finished = [rid for rid, n in zip(so.request_ids, so.num_new_tokens, strict=True)
-                        if last or n > 1 or not known_next]  # fmt: skip
-            step_id += 1
-        results.append((shape, statistics.median(times)))
-    return results
+    tracker = BlockBreaks()
+    passes: list[list[tuple[StepShape, float]]] = []
+    for _ in range(rounds):
+        results: list[tuple[StepShape, float]] = []
+        for index, (shape, level) in enumerate(zip(shapes, levels, strict=True)):
+            times = []
+            first = step_id
+            breaks = 0
+            for run in range(warmup + repeats):
+                known = run > 0 and decode_runs != "new"
+                lag = warmup + repeats - 1 - run if decode_runs == "moving" else 0
+                so = build_scheduler_output(shape, step_id, block_size, num_blocks,
+                                            vocab_size, decodes_of=first if known else None,
+                                            decode_lag=lag, scatter=level,
+                                            layout_seed=index)  # fmt: skip
+                so.finished_request_ids = finished
+                breaks = tracker.step(so)
+                start = clock.now()
+                execute_fn(so)
+                elapsed = clock.now() - start
+                if run >= warmup:
+                    times.append(elapsed)
+                last = run == warmup + repeats - 1
+                known_next = decode_runs != "new"  # the next run schedules these decodes again
+                finished = [rid for rid, n in zip(so.request_ids, so.num_new_tokens,
+                                                  strict=True)
+                            if last or n > 1 or not known_next]  # fmt: skip
+                step_id += 1
+            results.append((shape.with_breaks(breaks) if breaks else shape,
+                            statistics.median(times)))  # fmt: skip
+        passes.append(results)
+    if rounds_out is not None:
+        rounds_out.extend(passes)
+    if rounds == 1:
+        return passes[0]
+    return [(passes[0][i][0], statistics.median(p[i][1] for p in passes))
+            for i in range(len(shapes))]  # fmt: skip
+
+
+def round_report(passes: Sequence[Sequence[tuple[StepShape, float]]],
+                 dispatch: Sequence[int], seed: int) -> dict[str, Any]:  # fmt: skip
+    """Each pass's own fit (median |error| on its shapes) beside the fit to the passes'
+    medians, and how far a shape's passes lie apart (median over shapes of max / min - 1)."""
+    def fit_error(samples: Sequence[tuple[StepShape, float]]) -> float:
+        fit = fit_profile(samples, dispatch_rows=dispatch, seed=seed).metadata.fit
+        assert fit is not None
+        return fit.median_abs_relative_error
+
+    merged = [(p[0][0], statistics.median(q[1] for q in p)) for p in zip(*passes, strict=True)]
+    spread = [max(t for _, t in p) / min(t for _, t in p) - 1 for p in zip(*passes, strict=True)]
+    return {"rounds": len(passes), "fit_per_round": [fit_error(p) for p in passes],
+            "fit_of_medians": fit_error(merged), "spread_median": statistics.median(spread)}
+
+
+def round_lines(report: dict[str, Any]) -> list[str]:
+    per = ", ".join(f"{100 * e:.1f}%" for e in report["fit_per_round"])
+    return [f"{report['rounds']} passes over the shapes: each pass's own fit {per}; the fit to "
+            f"their medians {100 * report['fit_of_medians']:.1f}% (median |error|); a shape's "
+            f"passes {100 * report['spread_median']:.1f}% apart (median)"]  # fmt: skip
 
 
 def dispatch_rows(executor: Any) -> tuple[int, ...]:
@@ -329,6 +403,8 @@ def profile_model(
     engine_config: Any = None,
     samples_out: list[tuple[StepShape, float]] | None = None,
     decode_runs: str = "moving",
+    rounds: int = 1,
+    scatter_check: bool = True,
 ) -> ProfiledCostModel:
     """Time `executor` (a ModelExecutor, or anything with its `execute`, `block_size`,
     `num_blocks`, `model_shape`, `model_name` and `dtype`) on the grid's corners plus
@@ -338,7 +414,14 @@ def profile_model(
     `.metadata.extra["idle"]`). With `engine_config` (the engine's config, its token budget and
     seats), also measure the engine's time around a step and an idle engine's wake
     (heddle.model.profiling_host; `.metadata.extra["host"]`). `samples_out` receives the
-    timed (shape, seconds), the grid's first (`.metadata.extra["num_grid"]` of them)."""
+    timed (shape, seconds), the grid's first (`.metadata.extra["num_grid"]` of them).
+    The grid's corners are timed on runs of consecutive blocks, the random steps on tables
+    scattered over the pool to a random degree (uniform 0..1, a running engine's pools lie in
+    between), so the fit prices a table's breaks (`decode_block_breaks`); `scatter_check`
+    also times a few shapes both ways side by side and checks that term on them
+    (`.metadata.extra["scatter"]`, heddle.model.profiling_layout). `rounds` > 1: every shape
+    is timed in that many passes over all of them (`profile_executor`), and the report gives
+    each pass's own fit beside the fit to their medians (`.metadata.extra["rounds"]`)."""
     limits = dict(
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
@@ -349,6 +432,9 @@ def profile_model(
     num_grid = len(shapes)
     if num_mixed:
         shapes += profile_shapes(**limits, num_shapes=num_mixed, seed=seed)
+    layout_rng = random.Random(seed + 7)
+    levels = [0.0] * num_grid + [layout_rng.random() for _ in shapes[num_grid:]]
+    passes: list[list[tuple[StepShape, float]]] = []
     samples = profile_executor(
         executor.execute,
         shapes,
@@ -358,10 +444,20 @@ def profile_model(
         num_blocks=executor.num_blocks,
         vocab_size=executor.model_shape.vocab_size,
         decode_runs=decode_runs,
+        scatter=levels,
+        rounds=rounds,
+        rounds_out=passes,
     )
     if samples_out is not None:
         samples_out.extend(samples)
     extra: dict[str, Any] = {"num_grid": num_grid}
+    scatter_pairs = None
+    if scatter_check:
+        from heddle.model.profiling_layout import profile_scatter, scatter_shapes
+
+        scatter_pairs = profile_scatter(
+            executor.execute, scatter_shapes(**limits), executor.block_size,
+            executor.num_blocks, executor.model_shape.vocab_size, repeats=repeats)  # fmt: skip
     idle_warmup = None
     if idle_gaps:
         from heddle.model.profiling_idle import fit_idle, idle_shapes, profile_idle
@@ -391,6 +487,12 @@ def profile_model(
         seed=seed,
     )
     fitted = fitted.with_warmup(idle_warmup)
+    if scatter_pairs:
+        from heddle.model.profiling_layout import scatter_check as check_scatter
+
+        fitted.metadata.extra["scatter"] = check_scatter(fitted.executor_only(), scatter_pairs)
+    if rounds > 1:
+        fitted.metadata.extra["rounds"] = round_report(passes, switches, seed)
     if engine_config is not None:
         from heddle.model.profiling_host import profile_host
 

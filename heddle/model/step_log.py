@@ -19,6 +19,7 @@ from typing import Any
 
 from heddle.core.outputs import ExecutorOutput, SchedulerOutput
 from heddle.errors import HeddleError
+from heddle.sim.block_layout import BlockBreaks
 from heddle.sim.cost_model import StepShape
 
 FORMAT = "heddle-step-log/1"
@@ -33,11 +34,13 @@ class StepRecorder:
         self.steps: list[StepSample] = []
         self.gaps: list[float | None] = []  # idle seconds before each of `steps`
         self._last_end: float | None = None
+        self._breaks = BlockBreaks()  # the decode rows' block-table breaks, step by step
 
     def execute(self, scheduler_output: SchedulerOutput) -> ExecutorOutput:
         start = time.perf_counter()
         output = self.executor.execute(scheduler_output)
-        shape = StepShape.from_scheduler_output(scheduler_output)
+        shape = StepShape.from_scheduler_output(scheduler_output,
+                                                self._breaks.step(scheduler_output))
         if not shape.is_empty:
             self.steps.append((shape, output.step_duration))
             self.gaps.append(None if self._last_end is None else start - self._last_end)
@@ -51,13 +54,16 @@ class StepRecorder:
 
 def shape_to_json(shape: StepShape) -> dict[str, Any]:
     """What a cost model reads of a step: its prefill chunks, and of its decodes only the
-    count and the summed context."""
-    return {
+    count, the summed context and the breaks in their block tables (kept when there are)."""
+    row = {
         "prefill": [list(chunk) for chunk in shape.prefill_chunks],
         "decode": shape.num_decode_tokens,
         "decode_context": shape.decode_context_tokens,
         "sampled": shape.num_sampled_rows,
     }
+    if shape.decode_block_breaks:
+        row["decode_breaks"] = shape.decode_block_breaks
+    return row
 
 
 def shape_from_json(data: dict[str, Any]) -> StepShape:
@@ -71,6 +77,7 @@ def shape_from_json(data: dict[str, Any]) -> StepShape:
         tuple((int(n), int(c)) for n, c in data.get("prefill", ())),
         contexts,
         int(data["sampled"]) if "sampled" in data else None,
+        decode_block_breaks=int(data.get("decode_breaks", 0)),
     )
 
 

@@ -25,6 +25,10 @@ class StepShape:
     `num_constrained`: of the sampled rows, those under a grammar (structured outputs); each
     costs its token-mask work on the host (fill, apply, advance), which the cost models charge
     per row. 0 leaves every prediction as it was.
+    `decode_block_breaks`: the breaks in the decode rows' block tables, summed (blocks that do
+    not follow the one before them in the pool, heddle.sim.block_layout): what a table spread
+    over the pool costs the decode attention. 0 (a fresh pool's runs of blocks, or unknown)
+    leaves every prediction as it was.
 
     Build one from per-request contexts, `StepShape(chunks, (ctx, ctx, ...), num_sampled)`, or
     from a step's totals, `StepShape.from_scheduler_output(so)` (no loop over its rows).
@@ -32,6 +36,7 @@ class StepShape:
 
     __slots__ = (
         "_decode_context_lens",
+        "decode_block_breaks",
         "decode_context_tokens",
         "num_constrained",
         "num_decode_tokens",
@@ -45,6 +50,7 @@ class StepShape:
         decode_context_lens: tuple[int, ...] = (),
         num_sampled: int | None = None,
         num_constrained: int = 0,
+        decode_block_breaks: int = 0,
     ) -> None:
         if any(c < 1 for c in decode_context_lens):
             raise ValueError(f"decode context lengths must be >= 1: {decode_context_lens}")
@@ -54,6 +60,7 @@ class StepShape:
             sum(decode_context_lens),
             num_sampled,
             num_constrained,
+            decode_block_breaks,
         )
         self._decode_context_lens: tuple[int, ...] | None = tuple(decode_context_lens)
 
@@ -65,13 +72,13 @@ class StepShape:
         decode_context_tokens: int,
         num_sampled: int | None = None,
         num_constrained: int = 0,
+        decode_block_breaks: int = 0,
     ) -> StepShape:
         if decode_context_tokens < num_decode_tokens:
             raise ValueError("each decode request reads at least one K/V entry")
         shape = cls.__new__(cls)
-        shape._init(
-            prefill_chunks, num_decode_tokens, decode_context_tokens, num_sampled, num_constrained
-        )
+        shape._init(prefill_chunks, num_decode_tokens, decode_context_tokens, num_sampled,
+                    num_constrained, decode_block_breaks)  # fmt: skip
         shape._decode_context_lens = None
         return shape
 
@@ -82,6 +89,7 @@ class StepShape:
         decode_context_tokens: int,
         num_sampled: int | None,
         num_constrained: int = 0,
+        decode_block_breaks: int = 0,
     ) -> None:
         for num_new_tokens, context_len in prefill_chunks:
             if num_new_tokens < 2:
@@ -107,11 +115,19 @@ class StepShape:
         self.prefill_chunks = prefill_chunks
         self.num_decode_tokens = num_decode_tokens
         self.decode_context_tokens = decode_context_tokens
+        if decode_block_breaks < 0 or (decode_block_breaks and not num_decode_tokens):
+            raise ValueError(f"decode_block_breaks={decode_block_breaks}: breaks are counted in "
+                             "the decode rows' tables, never below 0")  # fmt: skip
         self.num_sampled = num_sampled
         self.num_constrained = num_constrained
+        self.decode_block_breaks = decode_block_breaks
 
     @classmethod
-    def from_scheduler_output(cls, scheduler_output: SchedulerOutput) -> StepShape:
+    def from_scheduler_output(
+        cls, scheduler_output: SchedulerOutput, decode_block_breaks: int = 0
+    ) -> StepShape:
+        """`decode_block_breaks`: the step's breaks, from a `BlockBreaks` that follows the
+        executor's tables (a SchedulerOutput sends a known request's new blocks only)."""
         so = scheduler_output
         return cls.from_totals(
             tuple(so.prefill_chunks),
@@ -119,7 +135,14 @@ class StepShape:
             so.decode_context_tokens,
             so.num_sampled,
             so.num_constrained,
+            decode_block_breaks,
         )
+
+    def with_breaks(self, decode_block_breaks: int) -> StepShape:
+        """The same step with its decode rows' tables broken `decode_block_breaks` times."""
+        return StepShape.from_totals(self.prefill_chunks, self.num_decode_tokens,
+                                     self.decode_context_tokens, self.num_sampled,
+                                     self.num_constrained, decode_block_breaks)  # fmt: skip
 
     @property
     def decode_context_lens(self) -> tuple[int, ...]:
@@ -140,6 +163,7 @@ class StepShape:
             self.decode_context_tokens,
             self.num_sampled,
             self.num_constrained,
+            self.decode_block_breaks,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -155,7 +179,9 @@ class StepShape:
             f"StepShape(prefill_chunks={self.prefill_chunks}, num_decode_tokens="
             f"{self.num_decode_tokens}, decode_context_tokens={self.decode_context_tokens}, "
             f"num_sampled={self.num_sampled}"
-            + (f", num_constrained={self.num_constrained})" if self.num_constrained else ")")
+            + (f", num_constrained={self.num_constrained}" if self.num_constrained else "")
+            + (f", decode_block_breaks={self.decode_block_breaks})"
+               if self.decode_block_breaks else ")")
         )
 
     @property
@@ -191,6 +217,10 @@ class StepShape:
 
 class CostModel(abc.ABC):
     """Predicts how long a step of a given shape takes on some model and machine."""
+
+    # Whether step_time reads `StepShape.decode_block_breaks` (the simulator then follows the
+    # block tables to count them; heddle.sim.block_layout).
+    reads_block_breaks = False
 
     @abc.abstractmethod
     def step_time(self, shape: StepShape) -> float:

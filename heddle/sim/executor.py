@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from heddle.clock import VirtualClock
 from heddle.core.outputs import ExecutorOutput, NewRequest, SchedulerOutput
+from heddle.sim.block_layout import BlockBreaks
 from heddle.sim.cost_model import CostModel, StepShape
 from heddle.spec.sim import SimAcceptance
 
@@ -73,6 +74,9 @@ class SimulatedExecutor:
         self.acceptance = acceptance or SimAcceptance(0.0)
         # The idle warm-up (heddle.sim.warmup): a step after a wait on the clock costs more.
         self._charges_idle = cost_model.charges_idle
+        # A cost model that prices tables spread over the pool: follow them (one lookup per
+        # decode row a step; None leaves the step loop as it was).
+        self._breaks = BlockBreaks() if cost_model.reads_block_breaks else None
         self._last_end: float | None = None
         if tier_seconds_per_block is not None and not tier_seconds_per_block > 0:
             raise ValueError("tier_seconds_per_block must be positive")
@@ -103,8 +107,9 @@ class SimulatedExecutor:
         for new in so.new_requests:
             requests[new.request_id] = self._new_state(new)
         duration = 0.0
+        breaks = 0 if self._breaks is None else self._breaks.step(so)
         if so.request_ids:
-            duration = self.cost_model.step_time(StepShape.from_scheduler_output(so))
+            duration = self.cost_model.step_time(StepShape.from_scheduler_output(so, breaks))
             if so.offload_blocks or so.restore_blocks:
                 # The copies run before the forward pass, on the step's critical path.
                 copy = self.tier_copy_seconds(len(so.offload_blocks) + len(so.restore_blocks))

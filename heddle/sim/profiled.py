@@ -3,6 +3,7 @@
     step_time = c0 + c1 * prefill_tokens + c2 * decode_tokens + c3 * decode_context_tokens
                    + c4 * prefill_attention_pairs + c5 * sampled_rows + c6 * prefill_chunks
                    + c7 * prefill_step + c8 * prefill_step_decode_tokens
+                   + c9 * decode_block_breaks
                    + sum_k c_k * max(0, tokens - k)          for the knots k of TOKEN_KNOTS
                    + c_g * constrained_rows
                    + host_constant + host_per_row * rows    (the engine's time around the step)
@@ -18,6 +19,10 @@ multi-token request (its own attention call, mask and gather in every layer).
 (its decode rows) price the layer path: a decode-only step runs the fused decode layers (three
 C calls per layer), any step with a prompt chunk the eager layers (~1,000 torch ops per step),
 whatever its number of chunks; the decode rows of such a step go through the eager ops too.
+`decode_block_breaks` prices a decode row's block table spread over the pool (each block that
+does not follow the one before it, heddle.sim.block_layout): the profile times its random
+shapes on tables scattered over the pool to a random degree, as a running engine's are, and
+checks the term on shapes timed both ways side by side (`.metadata.extra["scatter"]`).
 
 The engine's own time around a step (schedule, update, output processing, the event loop) is
 not in the executor's step time but is on the real clock: `host_constant` + `host_per_row` *
@@ -71,6 +76,7 @@ FEATURES = (
     "prefill_chunks",
     "prefill_step",
     "prefill_step_decode_tokens",
+    "decode_block_breaks",
     *(f"tokens_over_{k}" for k in TOKEN_KNOTS),
 )
 # Seconds per constrained sampling row: measured apart from the fit (see the module doc).
@@ -134,6 +140,7 @@ def features(shape: StepShape, dispatch_rows: Sequence[int] = ()) -> tuple[float
         float(len(shape.prefill_chunks)),
         prefill_step,
         prefill_step * shape.num_decode_tokens,
+        float(shape.decode_block_breaks),
         *(float(max(0, tokens - k)) for k in TOKEN_KNOTS),
         *switches,
     )
@@ -261,6 +268,8 @@ class ProfiledCostModel(CostModel):
         self.metadata = metadata or ProfileMetadata()
         self.warmup = warmup
         self._weights = tuple(self.coefficients[name] for name in names)
+        # The simulator follows the block tables only for a profile that prices their breaks.
+        self.reads_block_breaks = self.coefficients["decode_block_breaks"] > 0
         self._coverage = self.metadata.coverage
         self.num_steps = 0  # steps predicted
         self.num_outside = 0  # of them, outside the profile's coverage
