@@ -152,6 +152,9 @@ class Request:
     root_hash: BlockHash | None = None
     num_slots: int = 0  # tokens the request's block table can hold
     num_committed_blocks: int = 0  # leading blocks registered in (or found in) the prefix cache
+    # The computed count at which the next block is full, so `update` commits it (kept by the
+    # KV cache manager: (num_committed_blocks + 1) * block_size, or never without caching).
+    commit_at: int = 0
     # -- bookkeeping of the scheduler ------------------------------------------------------
     order_key: tuple[float, ...] = ()  # the policy's key, when its queues stay ordered
     token_runs: array[int] = field(default_factory=lambda: array("q"))  # record.token_times.runs

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 
 from heddle.core.block_hash import BlockHash, block_hasher, root_hash
 
+# `Request.commit_at` without prefix caching: nothing is ever committed.
+_NEVER_COMMIT = 1 << 62
+
 if TYPE_CHECKING:
     from heddle.core.events import DecisionLog
     from heddle.request import Request
@@ -98,15 +101,19 @@ class BlockPool:
     def release_ids(self, block_ids: Sequence[int]) -> None:
         """`release` of the blocks with these ids (a block table), without building the list."""
         blocks, free = self.blocks, self._free
+        cached = 0  # of the blocks freed, those that stay cached: counted once, at the end
         for block_id in reversed(block_ids):
             block = blocks[block_id]
-            if block.ref_count <= 0:
+            count = block.ref_count - 1
+            if count < 0:
+                self.num_cached_free_blocks += cached
                 raise RuntimeError(f"double free of block {block_id}")
-            block.ref_count -= 1
-            if block.ref_count == 0:
+            block.ref_count = count
+            if not count:
                 free[block_id] = None
                 if block.block_hash is not None:
-                    self.num_cached_free_blocks += 1
+                    cached += 1
+        self.num_cached_free_blocks += cached
 
     def lookup(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
@@ -225,6 +232,12 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def _commit_at(self, num_committed_blocks: int) -> int:
+        """`Request.commit_at` for a request with that many committed blocks."""
+        if not self.enable_prefix_caching:
+            return _NEVER_COMMIT
+        return (num_committed_blocks + 1) * self.block_size
+
     # -- hashes -----------------------------------------------------------------------------
     def _block_hash(self, request: Request, index: int) -> BlockHash:
         """The hash of the request's block `index` (a full block), computing the chain up to it
@@ -289,6 +302,7 @@ class KVCacheManager:
         if request_id not in self._tables:
             self._tables[request_id] = table
             request.num_committed_blocks = len(cached_blocks)
+            request.commit_at = self._commit_at(len(cached_blocks))
         for block in cached_blocks:
             self.pool.acquire(block)
             table.append(block.block_id)
@@ -336,18 +350,21 @@ class KVCacheManager:
             request.block_hashes.append(block_hash)
             self.pool.register(self.pool.blocks[table[committed]], block_hash)
             request.num_committed_blocks = num_full
+            request.commit_at = (num_full + 1) * bs
             return
         blocks = self.pool.blocks
         for i in range(committed, num_full):
             self.pool.register(blocks[table[i]], self._block_hash(request, i))
         if num_full > committed:
             request.num_committed_blocks = num_full
+            request.commit_at = (num_full + 1) * self.block_size
 
     def free(self, request: Request) -> None:
         """Release every block of the request. Cached blocks stay findable until evicted."""
         table = self._tables.pop(request.request_id, None)
         request.num_slots = 0
         request.num_committed_blocks = 0
+        request.commit_at = self._commit_at(0)
         if table:
             self.pool.release_ids(table)
 
@@ -540,6 +557,11 @@ class KVCacheManager:
                     f"num_slots {request.num_slots}"
                 )
             committed = request.num_committed_blocks
+            if request.commit_at != self._commit_at(committed):
+                raise AssertionError(
+                    f"request {request.request_id}: commit_at {request.commit_at} with "
+                    f"{committed} committed blocks"
+                )
             if self.enable_prefix_caching and committed != min(computed // bs, len(table)):
                 raise AssertionError(
                     f"request {rid}: {computed // bs} computed full blocks, {committed} "

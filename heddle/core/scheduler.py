@@ -89,6 +89,9 @@ class Scheduler:
             config.max_recompute_ratio, config.recompute_window_seconds
         )
         self.requests: dict[str, Request] = {}
+        # Whether any request ever had a reasoning state (set before it is added): until one
+        # does, `update` does not ask each row.
+        self._any_reasoning = False
         # Queues in the policy's order when its keys stay fixed, or re-keyed only when they
         # move (see heddle/core/queues.py); the policy says which queue it needs.
         self.waiting: WaitingQueue = self.policy.make_waiting_queue(self._order_key, clock.now)
@@ -174,6 +177,8 @@ class Scheduler:
             self.sessions.on_arrival(request)  # raises if the session has a turn in flight
         self._next_seq += len(requests)
         for index, request in enumerate(requests):
+            if request.reasoning is not None:
+                self._any_reasoning = True
             times = request.record.token_times = TokenTimes(self.timeline)
             request.token_runs = times.runs
             self.requests[request.request_id] = request
@@ -360,7 +365,11 @@ class Scheduler:
         so = step.output
         rows, ids, starts = step.requests, so.request_ids, so.num_computed_tokens
         news, samples = so.num_new_tokens, so.sample
-        fast_rows = fast_context = fast_in_prompt = longest = pending = 0
+        # The fast rows' totals are taken from the columns at the end (sum and max run in C):
+        # what the general rows add is kept apart and taken off.
+        fast_in_prompt = slow_rows = slow_starts = 0
+        first_row = len(ids)
+        plain = not lanes and not drafts
         tokens_left = step.tokens_left
         for index, request in enumerate(ordered):
             if request.status is not RUNNING:
@@ -374,7 +383,7 @@ class Scheduler:
                 break
             start = request.num_computed_tokens
             wanted = len(request.all_token_ids) - start
-            if wanted == 1 and not lanes and not (drafts and request.request_id in drafts):
+            if wanted == 1 and (plain or not (lanes or request.request_id in (drafts or ()))):
                 # The decode fast path: StepBuilder.add_row for a one-token sampling row of a
                 # request the executor knows (it was admitted in an earlier step); only a new
                 # block needs telling it.
@@ -388,16 +397,12 @@ class Scheduler:
                 elif not request.known_to_executor:
                     step.tell_executor(request)  # sent again whole (a forced token)
                 tokens_left -= 1
+                # Its num_new_tokens (1) and sample (True) are appended in a run, later.
                 rows.append(request)
                 ids.append(request.request_id)
                 starts.append(start)
-                pending += 1  # its num_new_tokens (1) and sample (True): appended in a run
-                fast_rows += 1
-                fast_context += start + 1
                 if start < request.num_prompt_tokens:
                     fast_in_prompt += 1
-                if start >= longest:
-                    longest = start + 1
                 if request.idle:
                     accounting.busy(request)
                 continue
@@ -417,10 +422,12 @@ class Scheduler:
                 request, start + num_new, ordered, index, preempted, now
             ):
                 continue
+            pending = len(ids) - len(news)
             if pending:
                 news.extend([1] * pending)
                 samples.extend([True] * pending)
-                pending = 0
+            slow_rows += 1
+            slow_starts += start
             if proposal and num_new > 1:
                 step.take(request, lane, num_new, proposal[: num_new - 1])
             else:
@@ -429,10 +436,17 @@ class Scheduler:
             if request.idle:
                 accounting.busy(request)
         step.tokens_left = tokens_left
+        pending = len(ids) - len(news)
         if pending:
             news.extend([1] * pending)
             samples.extend([True] * pending)
-        step.add_decode_totals(fast_rows, fast_context, fast_in_prompt, longest)
+        fast_rows = len(ids) - first_row - slow_rows
+        if fast_rows:
+            # A general row's start + 1 is at most its end, which the builder has counted in
+            # the longest context already: the max over every row's start is exact.
+            served = starts[first_row:] if first_row else starts
+            fast_context = sum(served) - slow_starts + fast_rows
+            step.add_decode_totals(fast_rows, fast_context, fast_in_prompt, max(served) + 1)
 
     def _allocate_or_preempt(
         self,
@@ -680,9 +694,6 @@ class Scheduler:
         `collect_updated=False`, only those that finished (`finished_in_step` has them all).
         """
         now = self.clock.now()
-        kv = self.kv_cache
-        caching = kv.enable_prefix_caching
-        block_size = kv.block_size
         self.accounting.end_step(
             now - self._step_start,
             scheduler_output.longest_context,
@@ -691,7 +702,6 @@ class Scheduler:
         if self.events is not None:
             self.events.end_step(now - self._step_start)  # what the accounting charged
         step_index = self.timeline.append(now)
-        previous_step = step_index - 1
         updated: list[Request] = self.take_unreported_finishes()
         sampled = executor_output.sampled_token_ids
         if not isinstance(sampled, list):
@@ -707,45 +717,12 @@ class Scheduler:
             raise ValueError(
                 f"ExecutorOutput has {len(sampled)} rows of sampled tokens, the step {len(news)}"
             )
-        for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
-            if request.status is not RUNNING:
-                continue  # finished while the step ran
-            computed = request.num_computed_tokens + num_new
-            if drafts and token_ids:
-                # Rejected draft tokens were computed but do not count: their KV is garbage
-                # past the computed tokens, overwritten as the request grows.
-                proposed = drafts.get(request.request_id)
-                if proposed:
-                    computed -= len(proposed) + 1 - len(token_ids)
-                    if speculator is not None:
-                        speculator.observe(request.request_id, len(proposed), len(token_ids) - 1)
-            request.num_computed_tokens = computed
-            if caching and computed >= (request.num_committed_blocks + 1) * block_size:
-                kv.commit_computed(request)
-            if not token_ids:
-                continue
-            if request.reasoning is not None:
-                self._append_reasoning(request, token_ids, now, step_index)
-                if collect_updated:
-                    updated.append(request)
-                continue
-            runs = request.token_runs
-            tokens = request.all_token_ids
-            stops = request.stop_token_set
-            for token_id in token_ids:
-                tokens.append(token_id)
-                if runs and runs[-1] == previous_step:
-                    runs[-1] = step_index  # the usual case: one more step in a row
-                else:
-                    request.record.token_times.add(step_index)
-                    if len(tokens) == request.num_prompt_tokens + 1:
-                        request.first_token_time = request.record.first_token_time = now
-                if len(tokens) >= request.max_num_tokens or (stops and token_id in stops):
-                    num_output = len(tokens) - request.num_prompt_tokens
-                    if self._finish_stopped(request, token_id, num_output):
-                        break
-            if collect_updated:
-                updated.append(request)
+        if not drafts:
+            self._update_rows(news, sampled, now, step_index, updated if collect_updated else None)
+        else:
+            self._update_draft_rows(
+                news, sampled, drafts, now, step_index, updated if collect_updated else None
+            )
         self.policy.on_step_end(scheduler_output, executor_output.step_duration, now)
         self.preemption_guard.observe_step(now, scheduler_output.num_scheduled_tokens)
         self.admission.observe_step(
@@ -757,6 +734,112 @@ class Scheduler:
         )
         self._num_finished_observed = self.num_finished
         return updated
+
+    def _update_draft_rows(
+        self,
+        news: list[int],
+        sampled: list[Sequence[int]],
+        drafts: dict[str, list[int]],
+        now: float,
+        step_index: int,
+        updated: list[Request] | None,
+    ) -> None:
+        """`update`'s rows of a step with draft tokens: rejected drafts are taken back."""
+        kv = self.kv_cache
+        speculator = self.speculator
+        for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
+            if request.status is not RUNNING:
+                continue  # finished while the step ran
+            computed = request.num_computed_tokens + num_new
+            if token_ids:
+                # Rejected draft tokens were computed but do not count: their KV is garbage
+                # past the computed tokens, overwritten as the request grows.
+                proposed = drafts.get(request.request_id)
+                if proposed:
+                    computed -= len(proposed) + 1 - len(token_ids)
+                    if speculator is not None:
+                        speculator.observe(request.request_id, len(proposed), len(token_ids) - 1)
+            request.num_computed_tokens = computed
+            if computed >= request.commit_at:
+                kv.commit_computed(request)
+            if not token_ids:
+                continue
+            if request.reasoning is not None:
+                self._append_reasoning(request, token_ids, now, step_index)
+                if updated is not None:
+                    updated.append(request)
+                continue
+            self._append_tokens(request, token_ids, now, step_index)
+            if updated is not None:
+                updated.append(request)
+
+    def _update_rows(
+        self,
+        news: list[int],
+        sampled: list[Sequence[int]],
+        now: float,
+        step_index: int,
+        updated: list[Request] | None,
+    ) -> None:
+        """`update`'s rows of a step without draft tokens. A row that samples one token (the
+        usual decode) appends it inline; a row of several tokens and a reasoning request take
+        `_append_tokens` / `_append_reasoning`; a row without a token (a prefill chunk) only
+        advances. The same effects, in the same order, as `_update_draft_rows` without drafts."""
+        kv = self.kv_cache
+        previous_step = step_index - 1
+        reasoning = self._any_reasoning
+        for request, num_new, token_ids in zip(self._scheduled, news, sampled, strict=True):
+            if request.status is not RUNNING:
+                continue  # finished while the step ran
+            computed = request.num_computed_tokens = request.num_computed_tokens + num_new
+            if computed >= request.commit_at:
+                kv.commit_computed(request)  # a block was filled: into the prefix cache
+            if len(token_ids) != 1 or (reasoning and request.reasoning is not None):
+                if not token_ids:
+                    continue
+                if request.reasoning is not None:
+                    self._append_reasoning(request, token_ids, now, step_index)
+                else:
+                    self._append_tokens(request, token_ids, now, step_index)
+                if updated is not None:
+                    updated.append(request)
+                continue
+            token_id = token_ids[0]
+            tokens = request.all_token_ids
+            tokens.append(token_id)
+            runs = request.token_runs
+            if runs and runs[-1] == previous_step:
+                runs[-1] = step_index  # the usual case: one more step in a row
+            else:
+                request.record.token_times.add(step_index)
+                if len(tokens) == request.num_prompt_tokens + 1:
+                    request.first_token_time = request.record.first_token_time = now
+            if len(tokens) >= request.max_num_tokens or token_id in request.stop_token_set:
+                self._finish_stopped(request, token_id, len(tokens) - request.num_prompt_tokens)
+            if updated is not None:
+                updated.append(request)
+
+    def _append_tokens(
+        self, request: Request, token_ids: Sequence[int], now: float, step_index: int
+    ) -> None:
+        """Append a row's sampled tokens (and their times), stopping at the first that ends
+        the request."""
+        runs = request.token_runs
+        tokens = request.all_token_ids
+        stops = request.stop_token_set
+        previous_step = step_index - 1
+        for token_id in token_ids:
+            tokens.append(token_id)
+            if runs and runs[-1] == previous_step:
+                runs[-1] = step_index  # the usual case: one more step in a row
+            else:
+                request.record.token_times.add(step_index)
+                if len(tokens) == request.num_prompt_tokens + 1:
+                    request.first_token_time = request.record.first_token_time = now
+            if len(tokens) >= request.max_num_tokens or (stops and token_id in stops):
+                num_output = len(tokens) - request.num_prompt_tokens
+                if self._finish_stopped(request, token_id, num_output):
+                    break
 
     def _append_reasoning(
         self, request: Request, token_ids: Sequence[int], now: float, step_index: int
