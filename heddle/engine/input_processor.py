@@ -30,8 +30,9 @@ class InputProcessor:
             raise InvalidRequestError("the prompt must contain at least one token", "prompt")
         if self.vocab_size is not None:
             vocab = self.vocab_size
-            bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-            if bad:
+            # min and max run in C; the list of bad ids is built only for the message.
+            if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+                bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
                 raise InvalidRequestError(
                     f"token id {bad[0]} is outside the vocabulary (size {vocab})", "prompt"
                 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ def replay(
     stop = None if until is None else start + until
     while events or engine.has_unfinished_requests():
         now = clock.now()
-        while events and events.next_time() <= now:
+        while events.next_at <= now:
             arrival, request = events.pop()
             prompt_ids = list(
                 agents.context_of(request) if agents is not None else request.prompt_ids(vocab_size)
@@ -180,6 +181,13 @@ class _Arrivals:
         if not in_order:
             self._heap = [(start + r.arrival_time, i, r) for i, r in enumerate(requests)]
             heapq.heapify(self._heap)
+        # The next event's time (inf: none), kept as events come and go: the loop reads it
+        # once per step.
+        self.next_at = math.inf
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.next_at = self.next_time() if self else math.inf
 
     def __bool__(self) -> bool:
         return self._next < len(self._list) or bool(self._heap)
@@ -202,12 +210,15 @@ class _Arrivals:
         if self._from_list():
             request = self._list[self._next]
             self._next += 1
+            self._refresh()
             return self._start + request.arrival_time, request
         time, _, request = heapq.heappop(self._heap)
+        self._refresh()
         return time, request
 
     def push(self, time: float, order: int, request: WorkloadRequest) -> None:
         heapq.heappush(self._heap, (time, order, request))
+        self._refresh()
 
 
 def session_fields(request: WorkloadRequest) -> dict[str, Any]:
