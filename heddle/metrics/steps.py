@@ -86,21 +86,19 @@ class StepLog(Sequence[StepStat]):
         request_ids: list[str] | None = None,
     ) -> None:
         """Append one step (the fields of StepStat, in its order but `request_ids` last)."""
-        values = (
-            step_id,
-            start_time,
-            duration,
-            num_prefill_tokens,
-            num_decode_tokens,
-            num_running,
-            num_waiting,
-            kv_blocks_used,
-            kv_blocks_total,
-            token_budget,
-            num_requests,
-        )
-        for append, value in zip(self._appenders, values, strict=True):
-            append(value)
+        # Once per engine step: the eleven appends written out (no tuple, no zip).
+        a = self._appenders
+        a[0](step_id)
+        a[1](start_time)
+        a[2](duration)
+        a[3](num_prefill_tokens)
+        a[4](num_decode_tokens)
+        a[5](num_running)
+        a[6](num_waiting)
+        a[7](kv_blocks_used)
+        a[8](kv_blocks_total)
+        a[9](token_budget)
+        a[10](num_requests)
         if request_ids:
             if self._request_ids is None:
                 self._request_ids = [[] for _ in range(len(self) - 1)]
