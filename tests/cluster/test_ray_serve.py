@@ -7,6 +7,7 @@ One server for the module (Ray start-up and two model loads take ~15 s; the modu
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import re
@@ -61,6 +62,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the server's child process: a SIGTERM when pytest dies (a run killed by a timeout
+    cannot reach the fixture's teardown), so no server or Ray cluster outlives the tests."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Server:
     def __init__(self) -> None:
         self.port = free_port()
@@ -74,6 +82,7 @@ class Server:
                 "--log-level", "warning", "--router", "affinity", "--dtype", "float32",
             ],
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+            preexec_fn=_die_with_parent,
         )  # fmt: skip
         deadline = time.monotonic() + 180
         while True:
