@@ -804,6 +804,8 @@ class Scheduler:
                 if updated is not None:
                     updated.append(request)
                 continue
+            # One token: `_append_tokens`' loop body, inlined on the hot path (keep the two
+            # in step: the golden test covers this path, tests/spec the multi-token one).
             token_id = token_ids[0]
             tokens = request.all_token_ids
             tokens.append(token_id)
