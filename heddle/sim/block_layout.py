@@ -42,11 +42,8 @@ class BlockBreaks:
     def step(self, so: SchedulerOutput) -> int:
         """Take in the step's table changes; the breaks of its decode rows, summed."""
         breaks, last = self._breaks, self._last
-        for request_id in so.finished_request_ids:
-            breaks.pop(request_id, None)
-            last.pop(request_id, None)
-        for request_id in so.preempted_request_ids:
-            breaks.pop(request_id, None)
+        for request_id in (*so.finished_request_ids, *so.preempted_request_ids):
+            breaks.pop(request_id, None)  # its table is gone
             last.pop(request_id, None)
         for new in so.new_requests:
             ids = new.block_ids
