@@ -19,7 +19,15 @@ from heddle.config import CacheConfig, EngineConfig, SchedulerConfig
 from heddle.errors import HeddleError
 
 # A GPU-sized engine by default (the real engine's defaults suit two CPU cores).
-SIM_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
+# Decision events only where something reads them: the view's recording (--output-dir) does;
+# a run that only prints its summary does not, and would pay their cost on every step.
+SIM_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 256, "decision_events": None}
+_EVENTS_DEFAULT = SchedulerConfig().decision_events
+SIM_SCHEDULER_HELP = {
+    "decision_events": "ring buffer of the scheduler's decision events; default: "
+    f"{_EVENTS_DEFAULT:,} with --output-dir (the view's recording reads them), "
+    "off without; 0 turns them off",
+}
 SIM_HELP = {
     "num_blocks": "default: what fits in memory",
     "max_waiting": "bound on the waiting queue; beyond it requests are rejected",
@@ -58,7 +66,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--cost-model", default=None, help="a profile JSON from `heddle profile`")
     m.add_argument("--max-model-len", type=int, default=None)
     s = p.add_argument_group("scheduler and KV cache")
-    add_config_arguments(s, SchedulerConfig, defaults=SIM_DEFAULTS)
+    add_config_arguments(s, SchedulerConfig, defaults=SIM_DEFAULTS, helps=SIM_SCHEDULER_HELP)
     # The KV pool is sized from the hardware's memory (or --num-blocks), not a memory budget.
     add_config_arguments(
         s,
@@ -105,6 +113,8 @@ def build_once(args: argparse.Namespace, rate: float | None) -> tuple[Any, Any]:
         **parse_key_values(args.workload_option, "--workload-option"),
     )
     scheduler = config_from_args(SchedulerConfig, args)
+    if getattr(args, "decision_events", None) is None and not getattr(args, "output_dir", None):
+        scheduler = dataclasses.replace(scheduler, decision_events=0)  # nothing would read them
     slo = parse_slo(args.slo)
     if scheduler.admission == "slo" and slo is not None and slo.ttft is not None:
         # Requests without a TTFT target of their own are held to the report's.

@@ -75,3 +75,22 @@ def test_a_subcommand_imports_only_its_own_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_decision_events_are_on_only_where_something_reads_them(tmp_path):
+    """A run that only prints its summary records no decision events (nothing reads them, and
+    they cost every step); one that writes the view's recording has them at the ring's default
+    size; an explicit --decision-events wins either way."""
+    from heddle.config import SchedulerConfig
+    from heddle.sim.cli import build_once
+
+    def ring(*flags: str) -> int | None:
+        args = build_parser().parse_args(["simulate", "--num-requests", "2", *flags])
+        _, engine = build_once(args, None)
+        events = engine.scheduler.events
+        return None if events is None else events.capacity
+
+    assert ring() is None
+    assert ring("--output-dir", str(tmp_path)) == SchedulerConfig().decision_events
+    assert ring("--decision-events", "1000") == 1000
+    assert ring("--output-dir", str(tmp_path), "--decision-events", "0") is None
