@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
+import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -38,39 +38,37 @@ def synthetic_prompt_ids(
             f"cannot draw token ids from [{low}, {high}) with vocab_size {vocab_size}: "
             "pass a smaller `low`"
         )
-    # What `random.Random(seed).choices(range(low, high), k=prompt_len)` draws: numpy's
-    # RandomState is the same Mersenne Twister, seeded the same way (init_by_array over the
-    # seed's 32-bit words) and turning two words into a double the same way, so its
-    # random_sample() gives the same floats, floored the same way, ~5x faster per token.
+    if prompt_len == 0:
+        return ()
+    # What `random.Random(seed).choices(range(low, high), k=prompt_len)` draws, ~1.3x faster:
+    # CPython seeds its Mersenne Twister (the string's bytes and their SHA-512, in C) and hands
+    # out its next 2 * prompt_len 32-bit words in one `getrandbits` (word i in bits 32i..32i+31);
+    # numpy turns each pair into the double `random()` makes of it, (a >> 5) * 2**26 + (b >> 6)
+    # over 2**53, and floors it times the range, as `choices` does. The scale is folded into one
+    # factor: multiplying by a power of two is exact, so the products round the same.
     generator = _generator()
-    generator.seed(_mt_key(seed))
-    draws = generator.random_sample(prompt_len)
-    return tuple((low + (draws * float(high - low)).astype(numpy.int64)).tolist())
+    generator.seed(seed)
+    num_bytes = 8 * prompt_len
+    words = numpy.frombuffer(
+        generator.getrandbits(8 * num_bytes).to_bytes(num_bytes, "little"), dtype="<u4"
+    )
+    draws = (words[0::2] >> 5) * 67108864.0
+    draws += words[1::2] >> 6
+    draws *= (high - low) / 9007199254740992.0
+    ids = draws.astype(numpy.int64)
+    ids += low
+    return tuple(ids.tolist())
 
 
-def _mt_key(seed: int | str) -> list[int]:
-    """The init_by_array key `random.Random(seed)` seeds its Mersenne Twister with."""
-    if isinstance(seed, str):  # random.seed(version=2): the bytes and their SHA-512
-        data = seed.encode()
-        seed = int.from_bytes(data + hashlib.sha512(data).digest(), "big")
-    seed = abs(seed)
-    key = [seed & 0xFFFFFFFF]
-    seed >>= 32
-    while seed:
-        key.append(seed & 0xFFFFFFFF)
-        seed >>= 32
-    return key
-
-
-def _generator() -> numpy.random.RandomState:
-    """This thread's RandomState (building one costs ~0.3 ms; re-seeding it, microseconds)."""
+def _generator() -> random.Random:
+    """This thread's Mersenne Twister (every draw re-seeds it, so no state carries over)."""
     generator = getattr(_THREAD, "generator", None)
     if generator is None:
-        generator = _THREAD.generator = numpy.random.RandomState()
+        generator = _THREAD.generator = random.Random()
     return generator
 
 
-# Only a cache of the generator object: every draw re-seeds it, so no state carries over.
+# Only a cache of the generator object, per thread.
 _THREAD = threading.local()
 
 
