@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+import numpy
+
 
 class TokenTimeline:
     """The end time of each step, in order: index k is the k-th time appended.
@@ -130,7 +132,9 @@ class TokenTimes(Sequence[float]):
         if self._own is not None:
             return len(self._own)
         runs = self.runs
-        return sum(runs[i + 1] - runs[i] + 1 for i in range(0, len(runs), 2))
+        if len(runs) == 2:  # the usual record: one run
+            return runs[1] - runs[0] + 1
+        return sum(runs[1::2]) - sum(runs[::2]) + len(runs) // 2  # sum of (last - first + 1)
 
     @overload
     def __getitem__(self, index: int) -> float: ...
@@ -225,9 +229,10 @@ class RequestRecord:
     def tpot(self) -> float | None:
         """Mean time per output token after the first."""
         times = self.token_times
-        if len(times) < 2:
+        num_tokens = len(times)
+        if num_tokens < 2:
             return None
-        return (times[-1] - times[0]) / (len(times) - 1)
+        return (times[-1] - times[0]) / (num_tokens - 1)
 
     @property
     def itls(self) -> list[float]:
@@ -235,19 +240,21 @@ class RequestRecord:
         return [b - a for a, b in itertools.pairwise(self.token_times)]
 
 
-def itl_counts(records: Iterable[RequestRecord]) -> Iterator[tuple[float, int]]:
-    """Every inter-token latency of `records`, as (value, count) pairs: a value may repeat.
+def itl_counts(records: Iterable[RequestRecord]) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """Every inter-token latency of `records`, as columns (values, counts): a value may repeat.
 
     Within a run of consecutive steps the gaps are the timeline's own step-to-step gaps, so
-    they are counted per timeline step (a difference array over the runs) instead of being
-    listed token by token; gaps between runs, and records off a timeline, are listed.
+    they are counted per timeline step (a difference array over the runs, summed by numpy)
+    instead of being listed token by token; gaps between runs, and records off a timeline, are
+    listed with a count of 1. Each gap is the same float subtraction either way.
     """
+    listed: list[float] = []
     per_timeline: dict[int, tuple[TokenTimeline, array[int]]] = {}
     for record in records:
         times = record.token_times
         timeline = getattr(times, "timeline", None)  # a plain list: listed
         if timeline is None:
-            yield from ((gap, 1) for gap in record.itls)
+            listed.extend(record.itls)
             continue
         entry = per_timeline.get(id(timeline))
         if entry is None:
@@ -257,14 +264,19 @@ def itl_counts(records: Iterable[RequestRecord]) -> Iterator[tuple[float, int]]:
         previous_last: int | None = None
         for first, last in times.iter_runs():
             if previous_last is not None:
-                yield timeline[first] - timeline[previous_last], 1
+                listed.append(timeline[first] - timeline[previous_last])
             if last > first:  # gaps (first, first+1) .. (last-1, last)
                 diff[first + 1] += 1
                 diff[last + 1] -= 1
             previous_last = last
+    values = [numpy.array(listed, dtype=numpy.float64)]
+    counts = [numpy.ones(len(listed), dtype=numpy.int64)]
     for timeline, diff in per_timeline.values():
-        count = 0
-        for index in range(timeline.base + 1, len(timeline)):
-            count += diff[index]
-            if count:
-                yield timeline[index] - timeline[index - 1], count
+        # Copies (tobytes), not views: a view would stop the engine appending to the timeline.
+        steps = numpy.frombuffer(timeline.times.tobytes(), dtype=numpy.float64)
+        base = timeline.base
+        per_step = numpy.cumsum(numpy.frombuffer(diff.tobytes(), dtype=numpy.int64)[base + 1 :])
+        num_gaps = min(len(steps) - 1, len(per_step))
+        values.append(steps[1 : num_gaps + 1] - steps[:num_gaps])  # step k's gap: t[k] - t[k-1]
+        counts.append(per_step[:num_gaps])
+    return numpy.concatenate(values), numpy.concatenate(counts)

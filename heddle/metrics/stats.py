@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -52,18 +52,25 @@ class LatencyStats:
         )
 
     @classmethod
-    def of_counts(cls, counts: Iterable[tuple[float, int]]) -> LatencyStats:
-        """Stats of a multiset given as (value, count) pairs: the same numbers `of` gives for
-        the values listed one by one (the mean is the correctly rounded sum, as fsum's)."""
-        pairs = sorted((v, c) for v, c in counts if c > 0)
-        if not pairs:
+    def of_counts(
+        cls, values: Sequence[float] | numpy.ndarray, counts: Sequence[int] | numpy.ndarray
+    ) -> LatencyStats:
+        """Stats of a multiset given as columns, value i `counts[i]` times: the same numbers
+        `of` gives for the values listed one by one (the mean is the correctly rounded sum, as
+        fsum's). numpy sorts and counts; the percentiles' arithmetic is `of`'s, on floats."""
+        value_column = numpy.asarray(values, dtype=numpy.float64)
+        count_column = numpy.asarray(counts, dtype=numpy.int64)
+        present = count_column > 0
+        order = numpy.argsort(value_column[present], kind="stable")
+        value_column = value_column[present][order]
+        count_column = count_column[present][order]
+        if not len(value_column):
             return cls()
-        values = [v for v, _ in pairs]
-        ends = list(itertools.accumulate(c for _, c in pairs))  # ends[i]: count of values <= i-th
-        total = ends[-1]
+        ends = numpy.cumsum(count_column)  # ends[i]: how many values are <= the i-th
+        total = int(ends[-1])
 
         def at(rank: int) -> float:
-            return values[bisect.bisect_right(ends, rank)]
+            return float(value_column[int(numpy.searchsorted(ends, rank, side="right"))])
 
         def percentile_of(q: float) -> float:
             rank = q / 100.0 * (total - 1)
@@ -74,11 +81,11 @@ class LatencyStats:
 
         return cls(
             count=total,
-            mean=_exact_weighted_sum(pairs) / total,
+            mean=_exact_weighted_sum(value_column, count_column) / total,
             p50=percentile_of(50),
             p90=percentile_of(90),
             p99=percentile_of(99),
-            max=values[-1],
+            max=float(value_column[-1]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -88,17 +95,20 @@ class LatencyStats:
 _SPLIT = 134217729.0  # 2**27 + 1: Veltkamp's splitter for doubles
 
 
-def _exact_weighted_sum(pairs: Iterable[tuple[float, int]]) -> float:
+def _exact_weighted_sum(values: numpy.ndarray, counts: numpy.ndarray) -> float:
     """sum(value * count), correctly rounded: each product is split into terms that are exact
-    (a 26-bit half of the value times a 26-bit part of the count) and fsum adds them."""
-    terms: list[float] = []
-    for value, count in pairs:
-        t = value * _SPLIT
-        high = t - (t - value)  # the upper 26 bits of the value
-        low = value - high
-        count_low = count & 0x3FFFFFF
-        count_high = float(count >> 26)
-        terms += (high * count_low, low * count_low)
-        if count_high:
-            terms += (high * count_high * 67108864.0, low * count_high * 67108864.0)
-    return math.fsum(terms)
+    (a 26-bit half of the value times a 26-bit part of the count) and fsum adds them. numpy's
+    float64 operations round as Python's do, one operation at a time."""
+    scaled = values * _SPLIT
+    high = scaled - (scaled - values)  # the upper 26 bits of each value
+    low = values - high
+    count_low = (counts & 0x3FFFFFF).astype(numpy.float64)
+    count_high = (counts >> 26).astype(numpy.float64)
+    terms = [high * count_low, low * count_low]
+    big = count_high > 0
+    if big.any():
+        terms += [
+            high[big] * count_high[big] * 67108864.0,
+            low[big] * count_high[big] * 67108864.0,
+        ]
+    return math.fsum(numpy.concatenate(terms).tolist())

@@ -206,7 +206,7 @@ def _summarize_class(
         goodput=None if within is None else rate(within),
         ttft=LatencyStats.of(r.ttft for r in completed),
         tpot=LatencyStats.of(r.tpot for r in completed),
-        itl=LatencyStats.of_counts(itl_counts(completed)),
+        itl=LatencyStats.of_counts(*itl_counts(completed)),
         e2e=LatencyStats.of(r.e2e for r in completed),
         queue_time=LatencyStats.of(r.queue_time for r in completed),
         stall_time=LatencyStats.of(r.stall_time for r in completed),

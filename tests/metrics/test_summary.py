@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from heddle.metrics import SLO, LatencyStats, RequestRecord, meets_slo, percentile, summarize
+from heddle.metrics.record import TokenTimeline, TokenTimes
 
 from .factories import make_record
 
@@ -133,3 +135,34 @@ def test_one_class_overall_is_that_class_renamed() -> None:
     assert s.overall.request_class == "all" and b.request_class == "b"
     assert s.overall == dataclasses.replace(b, request_class="all")
     assert (s.overall.num_requests, s.overall.num_completed, s.overall.num_unfinished) == (3, 1, 1)
+
+
+def test_itl_counted_per_step_equals_itl_listed() -> None:
+    """The ITL stats count gaps per timeline step (numpy columns); they are the same numbers
+    `LatencyStats.of` gives for every record's gaps listed one by one, gaps between runs and
+    records off a timeline included."""
+    rng = random.Random(3)
+    timeline = TokenTimeline()
+    for _ in range(60):
+        timeline.append(len(timeline) * 0.01 + rng.choice([0.0, 0.003, 0.0071]))
+    recs = []
+    for i in range(40):
+        times = TokenTimes(timeline)
+        for index in sorted(rng.sample(range(60), rng.randint(1, 30))):
+            times.add(index)
+        recs.append(RequestRecord(f"r{i}", 0.0, 4, token_times=times, finish_time=1.0))
+    recs.append(RequestRecord("own", 0.0, 4, token_times=[0.1, 0.25, 0.3], finish_time=1.0))
+    listed = LatencyStats.of(gap for r in recs for gap in r.itls)
+    assert listed.count > 100
+    assert summarize(recs).overall.itl == listed
+
+
+def test_of_counts_mean_is_the_exact_sum() -> None:
+    # counts past 2**26 take the split's high terms; the mean is the correctly rounded sum
+    values, counts = [0.1, 0.3, 0.7], [1, 2**40 + 3, 5]
+    stats = LatencyStats.of_counts(values, counts)
+    exact = sum(Fraction(v) * c for v, c in zip(values, counts, strict=True))
+    assert stats.count == sum(counts)
+    assert stats.mean == float(exact) / sum(counts)
+    assert (stats.p50, stats.p99, stats.max) == (0.3, 0.3, 0.7)
+    assert LatencyStats.of_counts([0.5, 0.2], [0, 0]) == LatencyStats()
