@@ -184,6 +184,8 @@ class KVCacheManager:
         # What besides the tokens makes this engine's KV differ (the model): mixed into every
         # request's root hash.
         self.namespace = namespace
+        # The root hash per cache salt: one SHA-256 per salt, not one per request.
+        self._root_hashes: dict[str | None, BlockHash] = {}
         self.pool = BlockPool(num_blocks)
         # Per request, the ids of its blocks in position order (the live list: read it, never
         # mutate it; the scheduler sends the executor copies of the new entries).
@@ -247,9 +249,12 @@ class KVCacheManager:
             return hashes[index]
         parent = hashes[-1] if hashes else request.root_hash
         if parent is None:
-            parent = request.root_hash = root_hash(
-                self.namespace, request.cache_salt, self.block_hash
-            )
+            parent = self._root_hashes.get(request.cache_salt)
+            if parent is None:
+                parent = self._root_hashes[request.cache_salt] = root_hash(
+                    self.namespace, request.cache_salt, self.block_hash
+                )
+            request.root_hash = parent
         tokens, bs = request.all_token_ids, self.block_size
         hash_block = self._hash_block
         for i in range(len(hashes), index + 1):
