@@ -113,19 +113,11 @@ class WorkloadRequest:
     constrained: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.shared_prefix, tuple) or any(
-            not isinstance(part, tuple) for part in self.shared_prefix
-        ):
-            object.__setattr__(
-                self, "shared_prefix", tuple((str(s), int(n)) for s, n in self.shared_prefix)
-            )
-        if sum(n for _, n in self.shared_prefix) > self.prompt_len or any(
-            n < 0 for _, n in self.shared_prefix
-        ):
-            raise HeddleError(
-                f"request {self.request_id}: shared prefix {self.shared_prefix} does not fit "
-                f"a prompt of {self.prompt_len} tokens"
-            )
+        # A workload builds these by the hundred thousand: an empty shared prefix (the usual
+        # case) skips its checks, which it passes (its sum, 0, fits any prompt_len >= 0).
+        shared = self.shared_prefix
+        if shared or not isinstance(shared, tuple) or self.prompt_len < 0:
+            self._check_shared_prefix()
         if self.expected_pause is not None and not (
             math.isfinite(self.expected_pause) and self.expected_pause >= 0
         ):
@@ -152,10 +144,25 @@ class WorkloadRequest:
                 f"request {self.request_id}: thinking_len must be in [0, output_len), "
                 f"got {self.thinking_len}"
             )
-        for name in ("ttft_slo", "tpot_slo"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise HeddleError(f"request {self.request_id}: {name} must be positive")
+        if self.ttft_slo is not None and self.ttft_slo <= 0:
+            raise HeddleError(f"request {self.request_id}: ttft_slo must be positive")
+        if self.tpot_slo is not None and self.tpot_slo <= 0:
+            raise HeddleError(f"request {self.request_id}: tpot_slo must be positive")
+
+    def _check_shared_prefix(self) -> None:
+        if not isinstance(self.shared_prefix, tuple) or any(
+            not isinstance(part, tuple) for part in self.shared_prefix
+        ):
+            object.__setattr__(
+                self, "shared_prefix", tuple((str(s), int(n)) for s, n in self.shared_prefix)
+            )
+        if sum(n for _, n in self.shared_prefix) > self.prompt_len or any(
+            n < 0 for _, n in self.shared_prefix
+        ):
+            raise HeddleError(
+                f"request {self.request_id}: shared prefix {self.shared_prefix} does not fit "
+                f"a prompt of {self.prompt_len} tokens"
+            )
 
     def prompt_ids(
         self, vocab_size: int, low: int = DEFAULT_LOW_ID, high: int | None = None
