@@ -18,6 +18,7 @@ from heddle.core.block_hash import BlockHash, block_hasher, root_hash
 
 # `Request.commit_at` without prefix caching: nothing is ever committed.
 _NEVER_COMMIT = 1 << 62
+_ROOT_HASHES_KEPT = 1024  # cache salts whose root hash is kept (KVCacheManager._root_hashes)
 
 if TYPE_CHECKING:
     from heddle.core.events import DecisionLog
@@ -184,7 +185,8 @@ class KVCacheManager:
         # What besides the tokens makes this engine's KV differ (the model): mixed into every
         # request's root hash.
         self.namespace = namespace
-        # The root hash per cache salt: one SHA-256 per salt, not one per request.
+        # The root hash per cache salt: one SHA-256 per salt, not one per request (at most
+        # `_ROOT_HASHES_KEPT` salts, so a server's clients cannot grow it without bound).
         self._root_hashes: dict[str | None, BlockHash] = {}
         self.pool = BlockPool(num_blocks)
         # Per request, the ids of its blocks in position order (the live list: read it, never
@@ -251,6 +253,8 @@ class KVCacheManager:
         if parent is None:
             parent = self._root_hashes.get(request.cache_salt)
             if parent is None:
+                if len(self._root_hashes) >= _ROOT_HASHES_KEPT:  # salts come from clients
+                    self._root_hashes.clear()
                 parent = self._root_hashes[request.cache_salt] = root_hash(
                     self.namespace, request.cache_salt, self.block_hash
                 )

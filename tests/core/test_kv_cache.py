@@ -226,3 +226,20 @@ def test_integrity_catches_a_shared_block_that_will_be_written():
     kv.check_integrity(kv_ops.computed(kv, {"a": 9, "b": 8}))
     with pytest.raises(AssertionError):  # b claims its shared blocks are not computed yet
         kv.check_integrity(kv_ops.computed(kv, {"a": 9, "b": 4}))
+
+
+def test_root_hashes_kept_per_salt_stay_bounded() -> None:
+    """Cache salts come from clients: the root hashes kept per salt never pass the bound, and a
+    salt's root hash is the same whether it was kept or computed again."""
+    from heddle.core import kv_cache as module
+    from heddle.request import Request, SamplingParams
+
+    manager = module.KVCacheManager(num_blocks=8, block_size=4)
+    roots = {}
+    for i in range(module._ROOT_HASHES_KEPT + 10):
+        salt = f"tenant-{i % (module._ROOT_HASHES_KEPT + 5)}"
+        request = Request(f"r{i}", list(range(8)), SamplingParams(), 0.0, cache_salt=salt)
+        manager._block_hash(request, 0)
+        assert request.root_hash is not None
+        assert roots.setdefault(salt, request.root_hash) == request.root_hash
+        assert len(manager._root_hashes) <= module._ROOT_HASHES_KEPT
